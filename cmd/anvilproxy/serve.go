@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
+)
+
+// embeddedUpstream is the --upstream value that starts the simulated engine
+// in-process, so that "anvilproxy serve" works on a machine with no GPU.
+const embeddedUpstream = "sim"
+
+type serveFlags struct {
+	listen        string
+	adminListen   string
+	upstream      string
+	logLevel      string
+	shutdownGrace time.Duration
+	window        time.Duration
+	models        string
+	slos          sloFlag
+	cfg           proxy.Config
+	histo         histo.Config
+}
+
+// sloFlag collects repeated --slo metric=duration flags.
+type sloFlag []histo.SLO
+
+func (f *sloFlag) String() string {
+	parts := make([]string, len(*f))
+	for i, s := range *f {
+		parts[i] = s.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *sloFlag) Set(v string) error {
+	for _, part := range strings.Split(v, ",") {
+		s, err := histo.ParseSLO(part)
+		if err != nil {
+			return err
+		}
+		*f = append(*f, s)
+	}
+	return nil
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
+	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: /metrics, /requests, /healthz (separate from --listen so no upstream path is shadowed); empty disables it")
+	fs.DurationVar(&f.window, "snapshot-interval", 60*time.Second, "length of a measurement window (rolling goodput, snapshots)")
+	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
+	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 4, "the upstream engine's concurrent sequences; requests admitted below it teach the prefill-rate model")
+	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server base URL, http(s)://host:port[/prefix]; "sim" starts the simulated engine in-process on a loopback port`)
+	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error (one info line per request)")
+	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight streams may take to finish; a second signal exits at once")
+	fs.StringVar(&f.models, "models", "", "comma-separated model names allowed as metric labels; others are labelled \"other\" (default: learn the first --max-models names seen)")
+	c := &f.cfg
+	fs.IntVar(&c.MaxModels, "max-models", proxy.DefaultMaxModels, "how many model labels to learn when --models is empty")
+	fs.IntVar(&c.MaxBodyBytes, "max-body-bytes", proxy.DefaultMaxBodyBytes, "largest request body in bytes; larger gets 413")
+	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", proxy.DefaultMaxHeaderBytes, "largest request or response header block in bytes; larger request headers get 431")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", proxy.DefaultReadTimeout, "total time to read one request (headers and body) from a client; cuts slowloris clients")
+	fs.DurationVar(&c.ClientWriteTimeout, "client-write-timeout", proxy.DefaultClientWriteTimeout, "idle timeout per write to a client; never limits a healthy stream's length")
+	fs.DurationVar(&c.UpstreamReadTimeout, "upstream-read-timeout", proxy.DefaultUpstreamReadTimeout, "idle timeout per read from the upstream, including the wait for headers (queue + prefill); 504 before headers")
+	fs.DurationVar(&c.DialTimeout, "dial-timeout", proxy.DefaultDialTimeout, "timeout for connecting to the upstream; 502 when it fails")
+	fs.IntVar(&c.MaxConns, "max-conns", proxy.DefaultMaxConns, "most upstream connections (each stream holds one for its whole generation)")
+	fs.DurationVar(&c.MaxConnWait, "max-conn-wait", proxy.DefaultMaxConnWait, "how long a request waits for a free upstream connection before 503")
+	fs.IntVar(&c.MaxInflight, "max-inflight", 0, "local concurrency limit: at most N requests upstream, the rest wait FIFO (set to the engine's slots to measure queueing exactly); 0 disables")
+	fs.IntVar(&c.MaxQueue, "max-queue", proxy.DefaultMaxQueue, "with --max-inflight: requests that may wait; one more gets 429")
+	fs.DurationVar(&c.MaxQueueWait, "max-queue-wait", proxy.DefaultMaxQueueWait, "with --max-inflight: longest wait for a slot before 503")
+	fs.BoolVar(&c.InjectUsage, "inject-usage", false, "add stream_options.include_usage=true upstream when a streamed chat/completions request lacks it, and hide the extra usage event from the client")
+	fs.BoolVar(&c.NoForwardedFor, "no-forwarded-for", false, "do not append the client address to X-Forwarded-For")
+	fs.BoolVar(&c.PreserveHost, "preserve-host", false, "send the client's Host header upstream instead of the upstream's")
+	fs.BoolVar(&c.InsecureSkipVerify, "insecure-skip-verify", false, "do not verify an https upstream's certificate")
+}
+
+func runServe(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f serveFlags
+	f.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, f.logLevel)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck // stderr
+
+	f.cfg.Upstream = f.upstream
+	if f.models != "" {
+		f.cfg.Models = strings.Split(f.models, ",")
+	}
+	if f.upstream == embeddedUpstream {
+		addr, stop, err := startEmbeddedSim()
+		if err != nil {
+			return err
+		}
+		defer stop()
+		f.cfg.Upstream = "http://" + addr
+		log.Warn("no --upstream given: serving the simulated engine", zap.String("sim", f.cfg.Upstream))
+	}
+	var p *proxy.Proxy
+	f.histo.SLOs = f.slos
+	f.histo.Inflight = func() int64 { return p.Inflight() }
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rec, err := histo.New(f.histo, reg)
+	if err != nil {
+		return err
+	}
+	if p, err = proxy.New(f.cfg, log, rec); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listening: %w", err)
+	}
+	if f.adminListen != "" {
+		stop, err := startAdmin(f.adminListen, rec, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	stopWindows := rotateWindows(rec, f.window)
+	defer stopWindows()
+	log.Info("anvilproxy serving", zap.String("listen", ln.Addr().String()), zap.String("upstream", f.cfg.Upstream), zap.String("admin", f.adminListen))
+	return serveUntilSignal(p, ln, f.shutdownGrace, log)
+}
+
+// startAdmin serves the admin endpoints on their own listener.
+func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	rec.Register(mux)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin listener stopped", zap.Error(err))
+		}
+	}()
+	log.Info("admin listening", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"))
+	return func() { hs.Close() }, nil
+}
+
+// rotateWindows ends a measurement window every interval.
+func rotateWindows(rec *histo.Recorder, every time.Duration) (stop func()) {
+	t := time.NewTicker(every)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-t.C:
+				rec.Rotate()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { t.Stop(); close(done) }
+}
+
+// serveUntilSignal serves until SIGTERM or SIGINT, then drains in-flight
+// requests for up to grace; a second signal exits at once.
+func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log *zap.Logger) error {
+	srv := p.Server()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigc)
+	select {
+	case err := <-errc:
+		return err
+	case sig := <-sigc:
+		log.Info("shutting down", zap.Stringer("signal", sig), zap.Int64("inflight", p.Inflight()), zap.Duration("grace", grace))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	go func() {
+		<-sigc
+		log.Warn("second signal: exiting at once")
+		os.Exit(1)
+	}()
+	if err := srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("shutting down: %w", err)
+	}
+	return nil
+}
+
+// startEmbeddedSim starts the simulated engine on a loopback port.
+func startEmbeddedSim() (addr string, stop func(), err error) {
+	s, err := sim.New(sim.Config{})
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, fmt.Errorf("listening for the simulated engine: %w", err)
+	}
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln) //nolint:errcheck // ends with Close
+	return ln.Addr().String(), func() { hs.Close() }, nil
+}

@@ -1,0 +1,19 @@
+//go:build !race
+
+package histo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestObserveAllocs holds the per-event calls to zero allocations: they
+// run for every relayed chunk and every output event (house style rule 8).
+func TestObserveAllocs(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	d := 3 * time.Millisecond
+	require.Zero(t, testing.AllocsPerRun(1000, func() { r.ObserveGap(d) }))
+	require.Zero(t, testing.AllocsPerRun(1000, func() { r.ObserveRelay(d) }))
+}

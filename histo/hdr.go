@@ -1,0 +1,201 @@
+package histo
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metric names one of the HDR histograms the Recorder keeps, per window and
+// cumulatively. The per-request metrics come first; MetricInterEvent and
+// MetricOverhead are recorded per event.
+type Metric uint8
+
+// The HDR histograms. Latencies are in microseconds, rates in
+// milli-tokens per second, counts in tokens (see Unit).
+const (
+	MetricTTFO             Metric = iota // time to first output
+	MetricTTFT                           // time to first content token
+	MetricQueue                          // Split.Queue, whatever its source
+	MetricPrefill                        // Split.Prefill
+	MetricReasoning                      // first output → first content
+	MetricGeneration                     // first output → end
+	MetricTPOT                           // generation / (output tokens − 1)
+	MetricE2E                            // recv → end
+	MetricConnect                        // acquiring the upstream connection
+	MetricDecodeRate                     // (output tokens − 1) / generation
+	MetricPrefillRate                    // effective prefill: prompt tokens / TTFO
+	MetricPromptTokens                   // prompt tokens per request
+	MetricCompletionTokens               // output tokens per request (usage, else chunks)
+	MetricInterEvent                     // gap between consecutive output events
+	MetricOverhead                       // upstream read → client write+flush
+	NumMetrics
+)
+
+// numRequestMetrics is the number of metrics recorded once per request,
+// under Recorder.mu; the rest are recorded per event under their own locks.
+const numRequestMetrics = MetricInterEvent
+
+// Unit is the unit of the integers an HDR histogram holds.
+type Unit uint8
+
+// Units. Rates are stored in thousandths so that three significant digits
+// survive for rates below 1,000 tokens/s (decode rates are ~100–300).
+const (
+	Microseconds Unit = iota
+	MilliTokensPerSecond
+	Tokens
+)
+
+// String returns the unit's short name: "us", "mtok/s" or "tokens".
+func (u Unit) String() string {
+	switch u {
+	case Microseconds:
+		return "us"
+	case MilliTokensPerSecond:
+		return "mtok/s"
+	}
+	return "tokens"
+}
+
+// unitMax is the highest value each unit tracks; larger values are clamped
+// to it and counted. An hour of latency, ten million tokens/s, and 2^24
+// tokens are far beyond anything an engine on one GPU produces.
+var unitMax = [...]int64{
+	Microseconds:         int64(time.Hour / time.Microsecond),
+	MilliTokensPerSecond: 10_000_000_000,
+	Tokens:               1 << 24,
+}
+
+// sigFigs: 3 significant digits bound the quantile error to 0.1% at about
+// 190 KB per dense histogram (performance-anchors §3.1).
+const sigFigs = 3
+
+var metricNames = [NumMetrics]string{
+	"time_to_first_output", "ttft", "queue", "prefill", "reasoning", "generation", "tpot", "e2e",
+	"connect", "decode_tok_s", "effective_prefill_tok_s", "prompt_tokens", "completion_tokens",
+	"inter_event", "proxy_overhead",
+}
+
+// String returns the metric's name: the v1 schema's stem where it has one
+// ("ttft", "e2e", "decode_tok_s", …).
+func (m Metric) String() string {
+	if m < NumMetrics {
+		return metricNames[m]
+	}
+	return "unknown"
+}
+
+// Unit returns the unit of the metric's HDR values.
+func (m Metric) Unit() Unit {
+	switch m {
+	case MetricDecodeRate, MetricPrefillRate:
+		return MilliTokensPerSecond
+	case MetricPromptTokens, MetricCompletionTokens:
+		return Tokens
+	}
+	return Microseconds
+}
+
+// Float converts an HDR value of the metric to the v1 schema's unit:
+// milliseconds for latencies, tokens/s for rates, tokens for counts.
+func (m Metric) Float(v int64) float64 {
+	if m.Unit() == Tokens {
+		return float64(v)
+	}
+	return float64(v) / 1000
+}
+
+// NewHistogram returns an empty HDR histogram with the range and precision
+// the Recorder uses for m, for merging windows (issue 4's report).
+func NewHistogram(m Metric) *hdrhistogram.Histogram {
+	return hdrhistogram.New(1, unitMax[m.Unit()], sigFigs)
+}
+
+// micros converts a duration to the HDR latency unit. Sub-microsecond
+// values record as 0: the HDR's lowest bucket, not a clamp.
+func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
+
+// millis converts a rate in tokens/s to the HDR rate unit.
+func millis(rate float64) int64 {
+	v := math.Round(rate * 1000)
+	if v > math.MaxInt64/2 {
+		return math.MaxInt64 / 2 // clamped again by pair.record
+	}
+	return int64(v)
+}
+
+// pair is one metric's current-window and cumulative histograms. It is not
+// safe for concurrent use: its owner locks around every call.
+type pair struct {
+	m       Metric
+	window  *hdrhistogram.Histogram
+	total   *hdrhistogram.Histogram
+	clamped int64              // values clamped in the current window
+	ever    int64              // values clamped since New
+	counter prometheus.Counter // anvilproxy_histo_clamped_total{metric=m}
+}
+
+func newPair(m Metric, counter prometheus.Counter) pair {
+	return pair{m: m, window: NewHistogram(m), total: NewHistogram(m), counter: counter}
+}
+
+// record adds v to both histograms. A value outside [0, max] is clamped to
+// the nearest end and counted: hdrhistogram-go returns an error for it and
+// dropping it silently would bias every quantile (house style rule 11).
+func (p *pair) record(v int64) {
+	if hi := unitMax[p.m.Unit()]; v < 0 || v > hi {
+		v = min(max(v, 0), hi)
+		p.clamped++
+		p.ever++
+		p.counter.Inc()
+	}
+	// Neither call can fail: v is within the histograms' range.
+	_ = p.window.RecordValue(v)
+	_ = p.total.RecordValue(v)
+}
+
+// swap installs fresh as the window histogram and returns the finished one
+// with its clamp count. fresh is allocated by the caller outside the lock.
+func (p *pair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int64) {
+	old, clamped := p.window, p.clamped
+	p.window, p.clamped = fresh, 0
+	return old, clamped
+}
+
+// eventPair is a pair with its own lock, for the per-event metrics: they are
+// recorded far more often than per-request ones and must not contend with
+// Record.
+type eventPair struct {
+	mu sync.Mutex
+	p  pair
+}
+
+func (e *eventPair) record(v int64) {
+	e.mu.Lock()
+	e.p.record(v)
+	e.mu.Unlock()
+}
+
+func (e *eventPair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.p.swap(fresh)
+}
+
+// cloneWindow returns a copy of the window histogram and its clamp count.
+func (e *eventPair) cloneWindow() (*hdrhistogram.Histogram, int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.p.window.Clone(), e.p.clamped
+}
+
+// cloneTotal returns a copy of the cumulative histogram and its clamp count.
+func (e *eventPair) cloneTotal() (*hdrhistogram.Histogram, int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.p.total.Clone(), e.p.ever
+}

@@ -1,0 +1,218 @@
+package histo
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// Classic buckets, chosen per metric so that the range a user looks at has
+// a 1–2.5–5 progression; the native buckets alongside (factor 1.1, ~4.5%
+// error) carry the fine detail for servers that ingest them.
+var (
+	phaseBuckets    = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 25, 50, 100, 250, 600}
+	tpotBuckets     = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}
+	gapBuckets      = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+	overheadBuckets = []float64{1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, .001, .0025, .005, .01, .025, .05, .1}
+	decodeBuckets   = []float64{1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
+	prefillBuckets  = []float64{10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1e6}
+)
+
+// histogram returns a native+classic histogram. MaxBucketNumber and
+// MinResetDuration bound the native buckets: without them their number is
+// unbounded (performance-anchors §3.2).
+func histogram(name, help string, buckets []float64) prometheus.HistogramOpts {
+	return prometheus.HistogramOpts{
+		Name:                            name,
+		Help:                            help,
+		Buckets:                         buckets,
+		NativeHistogramBucketFactor:     1.1,
+		NativeHistogramMaxBucketNumber:  160,
+		NativeHistogramMinResetDuration: time.Hour,
+	}
+}
+
+// codeLabels are the status code label values, computed once so that Record
+// does not format a number per request. Status codes are three digits, so
+// the label has at most 500 values; anything else is "other". 0 means no
+// status was sent (the client went away first), as in Envoy's access log.
+var codeLabels = func() (a [600]string) {
+	for i := range a {
+		a[i] = "other"
+		if i >= 100 {
+			a[i] = strconv.Itoa(i)
+		}
+	}
+	a[0] = "0"
+	return a
+}()
+
+func codeLabel(status int) string {
+	if status < 0 || status >= len(codeLabels) {
+		return "other"
+	}
+	return codeLabels[status]
+}
+
+// metrics are the Prometheus collectors. Children on the hot paths are
+// resolved once here (client_golang counter.go: WithLabelValues hashes the
+// labels on every call).
+type metrics struct {
+	requests *prometheus.CounterVec
+	errors   *prometheus.CounterVec
+
+	ttfo, ttft, prefill, reasoning, generation, tpot, e2e prometheus.Histogram
+	queue                                                 [len(sources)]prometheus.Observer // by source; none is never observed
+	connect                                               [2]prometheus.Observer            // warm, cold
+	decodeRate, prefillRate                               prometheus.Histogram
+	gap, overhead                                         prometheus.Histogram
+
+	promptTokens, completionTokens, cachedTokens, reasoningTokens prometheus.Counter
+	outputSource                                                  map[string]prometheus.Counter
+	clamped                                                       [NumMetrics]prometheus.Counter
+	dropped                                                       prometheus.Counter
+
+	all []prometheus.Collector // everything above, for registration
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "anvilproxy_requests_total",
+			Help: "Requests finished, by route, model and status code sent to the client (0: none sent).",
+		}, []string{"route", "model", "code"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "anvilproxy_errors_total",
+			Help: "Requests that ended in an error, by the side it came from and its kind.",
+		}, []string{"side", "kind"}),
+		ttfo: prometheus.NewHistogram(histogram("anvilproxy_time_to_first_output_seconds",
+			"Time from request received to the first reasoning, content or tool-call delta. Successful inference requests only.", phaseBuckets)),
+		ttft: prometheus.NewHistogram(histogram("anvilproxy_time_to_first_token_seconds",
+			"Time from request received to the first content or tool-call delta; includes reasoning. Successful inference requests only.", phaseBuckets)),
+		prefill: prometheus.NewHistogram(histogram("anvilproxy_prefill_seconds",
+			"Prefill time: time to first output minus queue and connect. Successful inference requests only.", phaseBuckets)),
+		reasoning: prometheus.NewHistogram(histogram("anvilproxy_reasoning_seconds",
+			"Time from the first output to the first content when reasoning came first, else 0. Successful inference requests only.", phaseBuckets)),
+		generation: prometheus.NewHistogram(histogram("anvilproxy_generation_seconds",
+			"Time from the first output to the end of the upstream stream. Successful inference requests only.", phaseBuckets)),
+		tpot: prometheus.NewHistogram(histogram("anvilproxy_time_per_output_token_seconds",
+			"Generation time divided by output tokens after the first. Successful inference requests only.", tpotBuckets)),
+		e2e: prometheus.NewHistogram(histogram("anvilproxy_request_duration_seconds",
+			"Time from request received to the end of the upstream response. Successful inference requests only.", phaseBuckets)),
+		decodeRate: prometheus.NewHistogram(histogram("anvilproxy_decode_tokens_per_second",
+			"Output tokens after the first divided by generation time, per request. Successful inference requests only.", decodeBuckets)),
+		prefillRate: prometheus.NewHistogram(histogram("anvilproxy_prefill_tokens_per_second",
+			"Effective prefill rate: prompt tokens divided by time to first output (queueing included), per request. Successful inference requests only.", prefillBuckets)),
+		gap: prometheus.NewHistogram(histogram("anvilproxy_inter_event_seconds",
+			"Gap between consecutive output events of a stream, every gap.", gapBuckets)),
+		overhead: prometheus.NewHistogram(histogram("anvilproxy_proxy_overhead_seconds",
+			"Proxy residency per relayed upstream read: read returned to client write and flush returned.", overheadBuckets)),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_prompt_tokens_total", Help: "Prompt tokens of finished inference requests."}),
+		completionTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_completion_tokens_total", Help: "Output tokens of finished inference requests (usage, else output events)."}),
+		cachedTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_cached_prompt_tokens_total", Help: "Prompt tokens the engine reported as served from its prefix cache."}),
+		reasoningTokens: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_reasoning_tokens_total", Help: "Reasoning tokens the engine reported."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_histo_records_dropped_total",
+			Help: "Requests counted in a window's histograms but beyond its per-request record cap."}),
+	}
+	queue := prometheus.NewHistogramVec(histogram("anvilproxy_queue_seconds",
+		"Wait before prefill began (limiter wait plus engine queue), by where the split came from. Successful inference requests only.", phaseBuckets), []string{"source"})
+	connect := prometheus.NewHistogramVec(histogram("anvilproxy_upstream_connect_seconds",
+		"Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.", gapBuckets), []string{"cold"})
+	for i, s := range sources[:3] {
+		m.queue[i] = queue.WithLabelValues(string(s))
+	}
+	m.queue[SourceNone.index()] = noObserver{}
+	m.connect[0], m.connect[1] = connect.WithLabelValues("false"), connect.WithLabelValues("true")
+	src := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "anvilproxy_output_tokens_source_total",
+		Help: "Finished inference requests by where their output token count came from.",
+	}, []string{"source"})
+	m.outputSource = map[string]prometheus.Counter{"usage": src.WithLabelValues("usage"), "chunks": src.WithLabelValues("chunks")}
+	clamped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "anvilproxy_histo_clamped_total",
+		Help: "Values outside an HDR histogram's range, recorded at the nearest end of the range.",
+	}, []string{"metric"})
+	for i := range m.clamped {
+		m.clamped[i] = clamped.WithLabelValues(Metric(i).String())
+	}
+	m.all = []prometheus.Collector{
+		m.requests, m.errors, m.ttfo, m.ttft, m.prefill, m.reasoning, m.generation, m.tpot, m.e2e,
+		m.decodeRate, m.prefillRate, m.gap, m.overhead,
+		m.promptTokens, m.completionTokens, m.cachedTokens, m.reasoningTokens, m.dropped,
+		queue, connect, src, clamped,
+	}
+	return m
+}
+
+// count updates the counters that every finished request feeds, whatever
+// its route and outcome.
+func (m *metrics) count(tr *proxy.Trace) {
+	m.requests.WithLabelValues(tr.Route.String(), tr.Model, codeLabel(tr.Status)).Inc()
+	if tr.ErrKind != proxy.ErrNone {
+		m.errors.WithLabelValues(tr.ErrSide.String(), tr.ErrKind.String()).Inc()
+	}
+}
+
+// tokens counts an inference request's tokens, failed or not: the engine
+// did the work either way.
+func (m *metrics) tokens(rq *Request) {
+	add := func(c prometheus.Counter, n Count) {
+		if n > 0 {
+			c.Add(float64(n))
+		}
+	}
+	add(m.promptTokens, rq.PromptTokens)
+	add(m.completionTokens, rq.OutputTokens)
+	add(m.cachedTokens, rq.CachedTokens)
+	add(m.reasoningTokens, rq.ReasoningTokens)
+	if c, ok := m.outputSource[rq.OutputTokenSource]; ok {
+		c.Inc()
+	}
+}
+
+// observe records a successful inference request's phases. Failed requests
+// are left out of the latency distributions, as in the v1 schema ("failed
+// … responses retain sanitized timing and metadata but are excluded from
+// performance distributions"); they are counted by code and error.
+func (m *metrics) observe(rq *Request) {
+	obs := func(o prometheus.Observer, s Span) {
+		if s.Known() {
+			o.Observe(time.Duration(s).Seconds())
+		}
+	}
+	obs(m.ttfo, rq.TTFO)
+	obs(m.ttft, rq.TTFT)
+	obs(m.queue[rq.QueueSource.index()], rq.Queue)
+	obs(m.prefill, rq.Prefill)
+	obs(m.reasoning, rq.Reasoning)
+	obs(m.generation, rq.Generation)
+	obs(m.tpot, rq.TPOT)
+	obs(m.e2e, rq.E2E)
+	obs(m.connect[b2i(rq.Cold)], rq.Connect)
+	rate := func(o prometheus.Observer, f Float) {
+		if f.Known() {
+			o.Observe(float64(f))
+		}
+	}
+	rate(m.decodeRate, rq.DecodeRate)
+	rate(m.prefillRate, rq.PrefillRate)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+type noObserver struct{}
+
+func (noObserver) Observe(float64) {}

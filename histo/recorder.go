@@ -1,0 +1,266 @@
+// Package histo turns the proxy's Traces into phase measurements: exact HDR
+// histograms per window for v1 snapshots, native+classic Prometheus
+// histograms for /metrics, an honest queue/prefill split, and goodput
+// against configured SLOs.
+package histo
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// Config configures a Recorder. The zero value is usable.
+type Config struct {
+	// SLOs are the latency objectives goodput is judged against, at most
+	// one per metric. None means goodput is the share of requests that did
+	// not fail.
+	SLOs []SLO
+	// EngineSlots is the upstream's concurrency (its slot count). A request
+	// admitted with fewer requests in flight found the engine idle and
+	// teaches the prefill-rate model. 0 means 4.
+	EngineSlots int
+	// RecentRequests is the number of requests /requests keeps. 0 means 512.
+	RecentRequests int
+	// MaxWindowRequests caps the per-request records of one window (about
+	// 450 bytes each); requests beyond it are counted in the histograms and
+	// in Window.Dropped. 0 means 100,000.
+	MaxWindowRequests int
+	// Inflight reports the requests in flight, for
+	// anvilproxy_inflight_requests. nil leaves the gauge out.
+	Inflight func() int64
+	// Now is the clock for window boundaries. nil means time.Now.
+	Now func() time.Time
+}
+
+func (c *Config) setDefaults() error {
+	if c.EngineSlots < 0 || c.RecentRequests < 0 || c.MaxWindowRequests < 0 {
+		return errors.New("histo: EngineSlots, RecentRequests and MaxWindowRequests must not be negative")
+	}
+	if len(c.SLOs) > maxSLOs {
+		return fmt.Errorf("histo: at most %d SLOs, one per metric", maxSLOs)
+	}
+	seen := make(map[string]bool)
+	for _, s := range c.SLOs {
+		if err := s.validate(); err != nil {
+			return err
+		}
+		if seen[s.Metric] {
+			return fmt.Errorf("histo: slo %q: configured twice", s.Metric)
+		}
+		seen[s.Metric] = true
+	}
+	c.SLOs = append([]SLO(nil), c.SLOs...)
+	c.EngineSlots = orDefault(c.EngineSlots, 4)
+	c.RecentRequests = orDefault(c.RecentRequests, 512)
+	c.MaxWindowRequests = orDefault(c.MaxWindowRequests, 100_000)
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return nil
+}
+
+// orDefault returns v, or def when v is zero.
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// Recorder implements proxy.Recorder. It is safe for concurrent use; Record,
+// ObserveGap and ObserveRelay never block on I/O.
+//
+// Locking: the per-request histograms, the current window's records and
+// tallies, and the recent ring share one mutex, held for well under a
+// microsecond per request, so that Rotate ends a window atomically (a
+// request is in one window's histograms and records, never split). The two
+// per-event histograms have a mutex each, and the prefill model has its own.
+type Recorder struct {
+	cfg   Config
+	reg   *prometheus.Registry
+	prom  *metrics
+	model rateModel
+	start time.Time
+
+	gap, relay eventPair
+
+	mu     sync.Mutex
+	cur    *window
+	prev   tally // the previous window's, for the rolling goodput gauge
+	total  tally // all finished windows'; the current one is added on read
+	hist   [numRequestMetrics]pair
+	recent recent
+}
+
+// New returns a Recorder that registers its metrics on reg. reg nil means
+// a private registry (tests); the global default registry is never used.
+func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	r := &Recorder{cfg: cfg, reg: reg, prom: newMetrics(), start: cfg.Now()}
+	r.cur = &window{start: r.start}
+	for m := range numRequestMetrics {
+		r.hist[m] = newPair(m, r.prom.clamped[m])
+	}
+	r.gap.p = newPair(MetricInterEvent, r.prom.clamped[MetricInterEvent])
+	r.relay.p = newPair(MetricOverhead, r.prom.clamped[MetricOverhead])
+	r.recent.buf = make([]Request, cfg.RecentRequests)
+	for _, c := range append(r.prom.all, r.gauges()...) {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("histo: registering metrics: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// gauges are the collectors that read the Recorder at scrape time.
+func (r *Recorder) gauges() []prometheus.Collector {
+	var out []prometheus.Collector
+	goodput := func(label string, i int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "anvilproxy_goodput_ratio",
+			Help:        "Share of inference requests over the current and previous window that did not fail and met the SLO (slo=\"all\": every SLO).",
+			ConstLabels: prometheus.Labels{"slo": label},
+		}, func() float64 { return r.rollingRatio(i) })
+	}
+	for i, s := range r.cfg.SLOs {
+		out = append(out, goodput(s.Metric, i))
+	}
+	out = append(out, goodput("all", -1))
+	if f := r.cfg.Inflight; f != nil {
+		out = append(out, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "anvilproxy_inflight_requests",
+			Help: "Requests being served by the proxy.",
+		}, func() float64 { return float64(f()) }))
+	}
+	return out
+}
+
+// inference reports whether a route carries generation, the requests whose
+// phases mean something. Other routes are counted in
+// anvilproxy_requests_total only.
+func inference(rt proxy.Route) bool {
+	switch rt {
+	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages:
+		return true
+	}
+	return false
+}
+
+// Record takes one finished request: counters for every route; for
+// inference routes the queue/prefill split, the Prometheus and HDR
+// histograms, goodput, the window's record and the prefill model. It keeps
+// no reference to tr.
+func (r *Recorder) Record(tr *proxy.Trace) {
+	r.prom.count(tr)
+	if !inference(tr.Route) {
+		return
+	}
+	var rq Request
+	newRequest(&rq, tr, r.Split(tr))
+	r.prom.tokens(&rq)
+	if !rq.Failed {
+		r.prom.observe(&rq)
+	}
+	r.add(&rq)
+	// Learn after splitting, so a request is never judged by its own sample.
+	r.model.learn(tr, r.cfg.EngineSlots)
+}
+
+// add puts rq into the current window under the lock.
+func (r *Recorder) add(rq *Request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rq.Index = int(r.cur.tally.requests)
+	rq.Good = r.cur.tally.add(rq, r.cfg.SLOs)
+	if !rq.Failed {
+		r.recordHDR(rq)
+	}
+	if !r.cur.add(rq, r.cfg.MaxWindowRequests) {
+		r.prom.dropped.Inc()
+	}
+	r.recent.put(rq)
+}
+
+// recordHDR records a successful request's phases. The caller holds r.mu.
+func (r *Recorder) recordHDR(rq *Request) {
+	lat := func(m Metric, s Span) {
+		if s.Known() {
+			r.hist[m].record(micros(time.Duration(s)))
+		}
+	}
+	lat(MetricTTFO, rq.TTFO)
+	lat(MetricTTFT, rq.TTFT)
+	lat(MetricQueue, rq.Queue)
+	lat(MetricPrefill, rq.Prefill)
+	lat(MetricReasoning, rq.Reasoning)
+	lat(MetricGeneration, rq.Generation)
+	lat(MetricTPOT, rq.TPOT)
+	lat(MetricE2E, rq.E2E)
+	lat(MetricConnect, rq.Connect)
+	if rq.DecodeRate.Known() {
+		r.hist[MetricDecodeRate].record(millis(float64(rq.DecodeRate)))
+	}
+	if rq.PrefillRate.Known() {
+		r.hist[MetricPrefillRate].record(millis(float64(rq.PrefillRate)))
+	}
+	if rq.PromptTokens >= 0 {
+		r.hist[MetricPromptTokens].record(int64(rq.PromptTokens))
+	}
+	if rq.OutputTokens >= 0 {
+		r.hist[MetricCompletionTokens].record(int64(rq.OutputTokens))
+	}
+}
+
+// ObserveRelay records the proxy's residency for one relayed upstream read.
+// It does not allocate.
+func (r *Recorder) ObserveRelay(d time.Duration) {
+	r.prom.overhead.Observe(d.Seconds())
+	r.relay.record(micros(d))
+}
+
+// ObserveGap records the gap between two consecutive output events. It
+// does not allocate.
+func (r *Recorder) ObserveGap(d time.Duration) {
+	r.prom.gap.Observe(d.Seconds())
+	r.gap.record(micros(d))
+}
+
+// Register adds the admin endpoints to mux: /metrics (Prometheus; protobuf
+// is negotiated for native histograms, OpenMetrics text otherwise),
+// /requests and /healthz. The caller adds /snapshot and the dashboard at /
+// to the same mux.
+func (r *Recorder) Register(mux *http.ServeMux) {
+	mux.Handle("GET /metrics", r.MetricsHandler())
+	mux.Handle("GET /requests", r.RequestsHandler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+}
+
+// Handler returns a new mux with the endpoints of Register.
+func (r *Recorder) Handler() http.Handler {
+	mux := http.NewServeMux()
+	r.Register(mux)
+	return mux
+}
+
+// MetricsHandler serves the registry the Recorder was given.
+func (r *Recorder) MetricsHandler() http.Handler {
+	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
+}
+
+var _ proxy.Recorder = (*Recorder)(nil)

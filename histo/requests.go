@@ -1,0 +1,299 @@
+package histo
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// Span is a measured duration that may be unknown (NoSpan). It marshals to
+// JSON as milliseconds, the v1 schema's unit, or null: a phase that did not
+// happen is reported as null, never as 0.
+type Span time.Duration
+
+// NoSpan is the unknown Span.
+const NoSpan = Span(math.MinInt64)
+
+func spanOf(d time.Duration, ok bool) Span {
+	if !ok {
+		return NoSpan
+	}
+	return Span(d)
+}
+
+// Known reports whether s was measured.
+func (s Span) Known() bool { return s != NoSpan }
+
+// Millis returns s in milliseconds; NaN when unknown.
+func (s Span) Millis() float64 {
+	if !s.Known() {
+		return math.NaN()
+	}
+	return float64(s) / float64(time.Millisecond)
+}
+
+// MarshalJSON writes milliseconds or null.
+func (s Span) MarshalJSON() ([]byte, error) { return Float(s.Millis()).MarshalJSON() }
+
+// UnmarshalJSON reads milliseconds or null.
+func (s *Span) UnmarshalJSON(b []byte) error {
+	var f Float
+	if err := f.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*s = NoSpan
+	if !math.IsNaN(float64(f)) {
+		*s = Span(math.Round(float64(f) * float64(time.Millisecond)))
+	}
+	return nil
+}
+
+// Float is a float64 that may be unknown (NaN); it marshals to JSON as a
+// number or null, since JSON has no NaN.
+type Float float64
+
+// Known reports whether f is a number.
+func (f Float) Known() bool { return !math.IsNaN(float64(f)) }
+
+// MarshalJSON writes the number or null.
+func (f Float) MarshalJSON() ([]byte, error) {
+	if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
+		return []byte("null"), nil
+	}
+	return strconv.AppendFloat(nil, float64(f), 'f', -1, 64), nil
+}
+
+// UnmarshalJSON reads a number or null (NaN).
+func (f *Float) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*f = Float(math.NaN())
+		return nil
+	}
+	v, err := strconv.ParseFloat(string(b), 64)
+	*f = Float(v)
+	return err
+}
+
+// Count is a token count that may be unknown (negative, as in proxy.Trace);
+// it marshals to JSON as a number or null.
+type Count int64
+
+// MarshalJSON writes the count or null.
+func (c Count) MarshalJSON() ([]byte, error) {
+	if c < 0 {
+		return []byte("null"), nil
+	}
+	return strconv.AppendInt(nil, int64(c), 10), nil
+}
+
+// UnmarshalJSON reads a count or null (-1).
+func (c *Count) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*c = -1
+		return nil
+	}
+	v, err := strconv.ParseInt(string(b), 10, 64)
+	*c = Count(v)
+	return err
+}
+
+// Stamps are a request's proxy.Trace stamps as offsets from t_recv.
+type Stamps struct {
+	Admit        Span `json:"admit"`
+	Sent         Span `json:"sent"`
+	Headers      Span `json:"headers"`
+	FirstEvent   Span `json:"first_event"`
+	FirstOutput  Span `json:"first_output"`
+	FirstContent Span `json:"first_content"`
+	LastToken    Span `json:"last_token"`
+	End          Span `json:"end"`
+	ClientDone   Span `json:"client_done"`
+}
+
+// Request is the record of one finished inference request: the per-request
+// fields of the v1 schema's request_timings plus the proxy's own. It holds
+// values only and never any prompt or completion content. JSON names follow
+// the v1 schema where it has the field.
+type Request struct {
+	Index           int       `json:"request_index"` // position in its window, from 0
+	ID              uint64    `json:"id"`            // proxy.Trace.ID
+	Start           time.Time `json:"start"`         // t_recv, wall clock, UTC
+	Route           string    `json:"route"`
+	Model           string    `json:"model"`
+	Method          string    `json:"method"`
+	Status          int       `json:"status"` // 0: no status was sent
+	Stream          bool      `json:"stream"`
+	Failed          bool      `json:"failed"`
+	Good            bool      `json:"good"` // not failed and within every SLO
+	ErrSide         string    `json:"error_side,omitempty"`
+	ErrKind         string    `json:"error_kind,omitempty"`
+	Truncated       bool      `json:"truncated"`
+	Cold            bool      `json:"cold"`
+	InflightAtAdmit int       `json:"inflight_at_admit"`
+
+	Stamps Stamps `json:"stamps_ms"`
+
+	ProxyQueue  Span        `json:"proxy_queue_ms"`
+	Connect     Span        `json:"connect_ms"`
+	Queue       Span        `json:"queue_ms"` // Split.Queue: includes ProxyQueue
+	Prefill     Span        `json:"prefill_ms"`
+	QueueSource QueueSource `json:"queue_source"`
+	TTFO        Span        `json:"time_to_first_output_ms"`
+	TTFT        Span        `json:"ttft_ms"`
+	Reasoning   Span        `json:"reasoning_ms"`
+	Generation  Span        `json:"generation_ms"`
+	TPOT        Span        `json:"tpot_ms"`
+	E2E         Span        `json:"e2e_ms"`
+	Tail        Span        `json:"tail_ms"`
+	DecodeRate  Float       `json:"decode_tok_s"`
+	PrefillRate Float       `json:"effective_prefill_tok_s"`
+
+	PromptTokens      Count  `json:"prompt_tokens"`
+	CachedTokens      Count  `json:"cached_tokens"`
+	ReasoningTokens   Count  `json:"reasoning_tokens"`
+	OutputTokens      Count  `json:"output_tokens"`
+	OutputTokenSource string `json:"output_token_source"` // "usage", "chunks" or "" (unknown)
+	UsageSeen         bool   `json:"usage_seen"`
+
+	Events          int   `json:"events"`
+	ReasoningChunks int   `json:"reasoning_chunks"`
+	ContentChunks   int   `json:"content_chunks"`
+	ToolChunks      int   `json:"tool_chunks"`
+	ReqBytes        int64 `json:"request_bytes"`
+	RespBytes       int64 `json:"response_bytes"`
+}
+
+// newRequest fills rq from tr and its split. Index and Good are set under
+// Recorder.mu when the request is added to a window.
+func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
+	*rq = Request{
+		ID:              tr.ID,
+		Start:           tr.Recv.Round(0).UTC(), // UTC: no *Location to keep per record
+		Route:           tr.Route.String(),
+		Model:           tr.Model,
+		Method:          tr.Method,
+		Status:          tr.Status,
+		Stream:          tr.Stream,
+		Failed:          tr.Failed(),
+		Truncated:       tr.Truncated,
+		Cold:            tr.Cold,
+		InflightAtAdmit: tr.InflightAtAdmit,
+		Stamps:          stampsOf(tr),
+		Connect:         Span(tr.Connect),
+		QueueSource:     sp.Source,
+		Queue:           spanOf(sp.Queue, sp.OK),
+		Prefill:         spanOf(sp.Prefill, sp.OK),
+		PromptTokens:    Count(tr.PromptTokens),
+		CachedTokens:    Count(tr.CachedTokens),
+		ReasoningTokens: Count(tr.ReasoningTokens),
+		UsageSeen:       tr.UsageSeen,
+		Events:          tr.Events,
+		ReasoningChunks: tr.ReasoningEvents,
+		ContentChunks:   tr.ContentEvents,
+		ToolChunks:      tr.ToolEvents,
+		ReqBytes:        tr.ReqBytes,
+		RespBytes:       tr.RespBytes,
+	}
+	if tr.ErrKind != proxy.ErrNone {
+		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()
+	}
+	rq.ProxyQueue = spanOf(tr.ProxyQueue())
+	rq.TTFO = spanOf(tr.TTFO())
+	rq.TTFT = spanOf(tr.TTFT())
+	rq.Reasoning = spanOf(tr.Reasoning())
+	rq.Generation = spanOf(tr.Generation())
+	rq.TPOT = spanOf(tr.TPOT())
+	rq.E2E = spanOf(tr.E2E())
+	rq.Tail = spanOf(tr.Tail())
+	rq.DecodeRate = floatOf(tr.DecodeTokensPerSec())
+	rq.PrefillRate = floatOf(tr.EffectivePrefillTokensPerSec())
+	n, src := tr.OutputTokens()
+	rq.OutputTokens, rq.OutputTokenSource = Count(n), src
+	if src == "" {
+		rq.OutputTokens = -1
+	}
+}
+
+func floatOf(v float64, ok bool) Float {
+	if !ok {
+		return Float(math.NaN())
+	}
+	return Float(v)
+}
+
+func stampsOf(tr *proxy.Trace) Stamps {
+	at := func(t time.Time) Span {
+		if t.IsZero() || tr.Recv.IsZero() {
+			return NoSpan
+		}
+		return Span(t.Sub(tr.Recv))
+	}
+	return Stamps{
+		Admit: at(tr.Admit), Sent: at(tr.Sent), Headers: at(tr.Headers),
+		FirstEvent: at(tr.FirstEvent), FirstOutput: at(tr.FirstOutput), FirstContent: at(tr.FirstContent),
+		LastToken: at(tr.LastToken), End: at(tr.End), ClientDone: at(tr.ClientDone),
+	}
+}
+
+// recent is a ring of the last requests, for /requests. It is guarded by
+// Recorder.mu.
+type recent struct {
+	buf  []Request
+	next int
+	n    int
+}
+
+func (r *recent) put(rq *Request) {
+	r.buf[r.next] = *rq
+	r.next = (r.next + 1) % len(r.buf)
+	r.n = min(r.n+1, len(r.buf))
+}
+
+// newest copies out up to limit requests, newest first.
+func (r *recent) newest(limit int) []Request {
+	n := min(r.n, limit)
+	out := make([]Request, n)
+	for i := range out {
+		out[i] = r.buf[(r.next-1-i+len(r.buf))%len(r.buf)]
+	}
+	return out
+}
+
+// Recent returns up to limit of the most recent requests, newest first.
+// Safe for concurrent use; the slice is the caller's.
+func (r *Recorder) Recent(limit int) []Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.recent.newest(limit)
+}
+
+// RequestsHandler serves the most recent requests as JSON,
+// {"requests": [...]}, newest first; ?limit=N returns at most N. It never
+// serves content: a Request holds none.
+func (r *Recorder) RequestsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		limit := r.cfg.RecentRequests
+		if s := req.URL.Query().Get("limit"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n < 0 {
+				http.Error(w, "limit must be a non-negative integer", http.StatusBadRequest)
+				return
+			}
+			limit = min(limit, n)
+		}
+		body, err := json.Marshal(struct {
+			Requests []Request `json:"requests"`
+		}{r.Recent(limit)})
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(append(body, '\n'))
+	})
+}

@@ -1,0 +1,143 @@
+package histo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+func TestSplitSources(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(tr *proxy.Trace)
+		want Split
+	}{{
+		name: "server reports queue and prefill",
+		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.ServerPrefill = ms2d(100), ms2d(150) },
+		want: Split{Queue: ms2d(100), Prefill: ms2d(150), Source: SourceServer, OK: true},
+	}, {
+		name: "server reports queue only: prefill is the rest of TTFO",
+		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.Connect = ms2d(100), ms2d(20) },
+		want: Split{Queue: ms2d(100), Prefill: ms2d(180), Source: SourceServer, OK: true}, // 300 − 20 − 100
+	}, {
+		name: "server reports queue 0",
+		edit: func(tr *proxy.Trace) { tr.ServerQueue = 0 },
+		want: Split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServer, OK: true}, // 300 − 1.5
+	}, {
+		name: "server queue without first output or prefill",
+		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.FirstOutput = ms2d(100), time.Time{} },
+		want: noSplit,
+	}, {
+		name: "limiter held the request: the wait is exact",
+		edit: func(tr *proxy.Trace) {
+			tr.Limited, tr.Admit, tr.Connect = true, at(500), ms2d(10)
+			tr.FirstOutput = at(800)
+		},
+		want: Split{Queue: ms2d(500), Prefill: ms2d(290), Source: SourceLimiter, OK: true}, // 800 − 500 − 10
+	}, {
+		name: "server wins over limiter, and the limiter wait is part of the queue",
+		edit: func(tr *proxy.Trace) {
+			tr.Limited, tr.Admit = true, at(100)
+			tr.ServerQueue, tr.ServerPrefill = ms2d(50), ms2d(120)
+		},
+		want: Split{Queue: ms2d(150), Prefill: ms2d(120), Source: SourceServer, OK: true},
+	}, {
+		name: "nothing known and no model yet",
+		edit: func(tr *proxy.Trace) {},
+		want: noSplit,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, _, _ := newTest(t, Config{})
+			tr := chat()
+			tt.edit(&tr)
+			require.Equal(t, tt.want, r.Split(&tr))
+		})
+	}
+}
+
+func TestSplitModel(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 4})
+	loaded := idle(4000, 8000)
+	loaded.InflightAtAdmit = 6
+	loaded.FirstOutput = at(3000) // 500 ms of prefill at 8,000 tokens/s: 2,500 ms queued
+	loaded.FirstContent = loaded.FirstOutput
+
+	for i := range modelMinSamples - 1 {
+		tr := idle(int64(8000+i*100), 8000)
+		r.Record(&tr)
+	}
+	require.Equal(t, noSplit, r.Split(&loaded), "7 samples are not enough")
+	_, n, ok := r.PrefillRate()
+	require.Equal(t, modelMinSamples-1, n)
+	require.False(t, ok)
+
+	ignored := []proxy.Trace{idle(8000, 2000), idle(8000, 2000), idle(40, 100)}
+	ignored[0].InflightAtAdmit = 4 // engine busy: not idle
+	ignored[1].Status = 500        // failed
+	// ignored[2]: too few uncached tokens
+	for i := range ignored {
+		r.Record(&ignored[i])
+	}
+	_, n, _ = r.PrefillRate()
+	require.Equal(t, modelMinSamples-1, n)
+
+	tr := idle(9000, 8000)
+	r.Record(&tr)
+	rate, n, ok := r.PrefillRate()
+	require.True(t, ok)
+	require.Equal(t, modelMinSamples, n)
+	require.InDelta(t, 8000, rate, 1e-6)
+
+	got := r.Split(&loaded)
+	require.Equal(t, SourceModel, got.Source)
+	require.True(t, got.OK)
+	require.InDelta(t, float64(ms2d(2500)), float64(got.Queue), float64(time.Microsecond))
+	require.InDelta(t, float64(ms2d(500)), float64(got.Prefill), float64(time.Microsecond))
+
+	fast := loaded
+	fast.FirstOutput = at(300) // faster than the model: no queue, never negative
+	got = r.Split(&fast)
+	require.Equal(t, Split{Queue: 0, Prefill: ms2d(300), Source: SourceModel, OK: true}, got)
+
+	// The model is applied to the uncached tokens only.
+	cached := loaded
+	cached.PromptTokens, cached.CachedTokens = 20000, 16000
+	got = r.Split(&cached)
+	require.InDelta(t, float64(ms2d(2500)), float64(got.Queue), float64(time.Microsecond))
+
+	r.Record(&loaded)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceModel, rq.QueueSource)
+	require.InDelta(t, 2500.0, rq.Queue.Millis(), 1e-3)
+}
+
+func TestRateModelMedian(t *testing.T) {
+	var m rateModel
+	// Outliers (a request that queued behind traffic the proxy cannot see)
+	// do not move the median.
+	for i := range 200 {
+		x := 7700.0
+		if i%5 == 0 {
+			x = 100
+		}
+		m.add(x + float64(i%3))
+	}
+	rate, ok := m.rate()
+	require.True(t, ok)
+	require.InDelta(t, 7701, rate, 1)
+	require.Equal(t, modelSamples, m.samples())
+	for i := 1; i < m.n; i++ {
+		require.LessOrEqual(t, m.sorted[i-1], m.sorted[i])
+	}
+
+	// The window slides: after 64 new samples the old ones are gone.
+	for range modelSamples {
+		m.add(5000)
+	}
+	rate, _ = m.rate()
+	require.Equal(t, 5000.0, rate)
+}

@@ -1,0 +1,197 @@
+package histo
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+)
+
+// Window is what the Recorder measured over one interval: exact HDR
+// histograms of every Metric and one Request record per finished inference
+// request. It is what the snapshot writer turns into an
+// anvil-serving.benchmark/v1 file. A Window returned by Rotate, Current or
+// Cumulative belongs to the caller; the Recorder never touches it again.
+type Window struct {
+	Start, End time.Time
+
+	// Hist holds one histogram per Metric, indexed by Metric; values are
+	// in Metric.Unit (Metric.Float converts to the v1 unit). Failed
+	// requests are not recorded in the per-request histograms, as in the v1
+	// schema's performance distributions.
+	Hist [NumMetrics]*hdrhistogram.Histogram
+	// Clamped counts, per Metric, the values recorded at the end of the
+	// histogram's range because they fell outside it.
+	Clamped [NumMetrics]int64
+
+	// Requests are the window's inference requests in the order they
+	// finished, failed ones included (Request.Failed). Nil for Cumulative.
+	Requests []Request
+	// Dropped counts requests beyond Config.MaxWindowRequests: they are in
+	// Hist and Goodput but have no record.
+	Dropped int64
+
+	// Goodput counts every inference request of the window, dropped or not.
+	Goodput Goodput
+	// QueueSources counts the requests whose queue/prefill split came from
+	// each source, dropped records included.
+	QueueSources map[QueueSource]int64
+}
+
+// Encode returns every histogram in the HdrHistogram V2 compressed
+// encoding, base64 (compatible with the Java library and
+// hdrhistogram.Decode), keyed by Metric.String(): the form v1 snapshots
+// carry so that windows and replicas merge exactly.
+func (w *Window) Encode() (map[string]string, error) {
+	out := make(map[string]string, len(w.Hist))
+	for m, h := range w.Hist {
+		b, err := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+		if err != nil {
+			return nil, fmt.Errorf("histo: encoding %s: %w", Metric(m), err)
+		}
+		out[Metric(m).String()] = string(b)
+	}
+	return out, nil
+}
+
+// chunkSize is the number of records per allocation: appending to one
+// growing slice would copy up to MaxWindowRequests records under the lock.
+const chunkSize = 1024
+
+// window is the current window's state apart from its histograms, which
+// live in the Recorder's pairs. It is guarded by Recorder.mu; once swapped
+// out by Rotate it belongs to the rotating goroutine.
+type window struct {
+	start   time.Time
+	chunks  [][]Request // each of capacity chunkSize; elements are never modified once appended
+	n       int
+	dropped int64
+	tally   tally
+	sources [len(sources)]int64
+}
+
+// add appends a copy of rq unless the window holds limit records already;
+// it reports whether rq was kept.
+func (w *window) add(rq *Request, limit int) bool {
+	w.sources[rq.QueueSource.index()]++
+	if w.n >= limit {
+		w.dropped++
+		return false
+	}
+	if len(w.chunks) == 0 || len(w.chunks[len(w.chunks)-1]) == chunkSize {
+		w.chunks = append(w.chunks, make([]Request, 0, chunkSize))
+	}
+	last := &w.chunks[len(w.chunks)-1]
+	*last = append(*last, *rq)
+	w.n++
+	return true
+}
+
+// flatten copies the records of chunks into one slice. The chunk headers
+// are a copy taken under the lock, so concurrent appends beyond them are
+// not seen.
+func flatten(chunks [][]Request, n int) []Request {
+	out := make([]Request, 0, n)
+	for _, c := range chunks {
+		out = append(out, c...)
+	}
+	return out
+}
+
+func (w *window) queueSources() map[QueueSource]int64 {
+	out := make(map[QueueSource]int64, len(sources))
+	for i, s := range sources {
+		out[s] = w.sources[i]
+	}
+	return out
+}
+
+// Rotate ends the current window and starts a new one. It returns the
+// finished window, which belongs to the caller. The per-request histograms,
+// records and goodput of the new window start together, so a request is
+// wholly in one window; the per-event histograms swap a moment later.
+// Safe for concurrent use with everything else.
+func (r *Recorder) Rotate() *Window {
+	var fresh [NumMetrics]*hdrhistogram.Histogram
+	for m := range fresh {
+		fresh[m] = NewHistogram(Metric(m)) // allocate outside the lock
+	}
+	now := r.cfg.Now()
+	out := &Window{End: now}
+	next := &window{start: now}
+
+	r.mu.Lock()
+	old := r.cur
+	r.cur = next
+	for m := range numRequestMetrics {
+		out.Hist[m], out.Clamped[m] = r.hist[m].swap(fresh[m])
+	}
+	r.total.merge(&old.tally)
+	r.prev = old.tally
+	r.mu.Unlock()
+
+	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.swap(fresh[MetricInterEvent])
+	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.swap(fresh[MetricOverhead])
+	out.Start = old.start
+	out.stampHist()
+	out.Requests = flatten(old.chunks, old.n)
+	out.Dropped = old.dropped
+	out.Goodput = old.tally.goodput(r.cfg.SLOs)
+	out.QueueSources = old.queueSources()
+	return out
+}
+
+// Current returns a copy of the window in progress, without ending it (for
+// /snapshot and the dashboard). It copies every histogram under the
+// Recorder's lock, which holds Record up for about half a millisecond: fine
+// per scrape or snapshot request, not for a hot path. Safe for concurrent
+// use.
+func (r *Recorder) Current() *Window {
+	out := &Window{End: r.cfg.Now()}
+	r.mu.Lock()
+	cur := *r.cur
+	cur.chunks = slices.Clone(cur.chunks)
+	for m := range numRequestMetrics {
+		out.Hist[m], out.Clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
+	}
+	r.mu.Unlock()
+
+	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.cloneWindow()
+	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.cloneWindow()
+	out.Start = cur.start
+	out.stampHist()
+	out.Requests = flatten(cur.chunks, cur.n)
+	out.Dropped = cur.dropped
+	out.Goodput = cur.tally.goodput(r.cfg.SLOs)
+	out.QueueSources = cur.queueSources()
+	return out
+}
+
+// Cumulative returns the histograms, clamp counts and goodput since New,
+// without per-request records or queue sources. Safe for concurrent use.
+func (r *Recorder) Cumulative() *Window {
+	out := &Window{Start: r.start, End: r.cfg.Now()}
+	r.mu.Lock()
+	t := r.total
+	t.merge(&r.cur.tally)
+	for m := range numRequestMetrics {
+		out.Hist[m], out.Clamped[m] = r.hist[m].total.Clone(), r.hist[m].ever
+	}
+	r.mu.Unlock()
+
+	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.cloneTotal()
+	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.cloneTotal()
+	out.Goodput = t.goodput(r.cfg.SLOs)
+	out.stampHist()
+	return out
+}
+
+// stampHist sets the histograms' start and end times, which the
+// HdrHistogram interval-log writer (hdrhistogram.NewHistogramLogWriter) uses.
+func (w *Window) stampHist() {
+	for _, h := range w.Hist {
+		h.SetStartTimeMs(w.Start.UnixMilli())
+		h.SetEndTimeMs(w.End.UnixMilli())
+	}
+}

@@ -1,0 +1,113 @@
+package histo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/stretchr/testify/require"
+)
+
+func TestRotate(t *testing.T) {
+	r, _, clk := newTest(t, Config{})
+	tr := chat()
+	r.Record(&tr)
+	r.Record(&tr)
+	r.ObserveGap(4 * time.Millisecond)
+	r.ObserveRelay(20 * time.Microsecond)
+
+	clk.t = t0.Add(time.Minute)
+	w := r.Rotate()
+	require.Equal(t, t0, w.Start)
+	require.Equal(t, t0.Add(time.Minute), w.End)
+	require.Len(t, w.Requests, 2)
+	require.Equal(t, []int{0, 1}, []int{w.Requests[0].Index, w.Requests[1].Index})
+	require.Equal(t, int64(2), w.Hist[MetricTTFT].TotalCount())
+	require.Equal(t, int64(1), w.Hist[MetricInterEvent].TotalCount())
+	require.Equal(t, int64(1), w.Hist[MetricOverhead].TotalCount())
+	require.Equal(t, int64(2), w.QueueSources[SourceNone])
+	require.Equal(t, int64(2), w.Goodput.Requests)
+
+	// The next window starts empty where the last one ended.
+	tr.ID = 8
+	r.Record(&tr)
+	clk.t = t0.Add(2 * time.Minute)
+	cur := r.Current()
+	require.Equal(t, t0.Add(time.Minute), cur.Start)
+	require.Len(t, cur.Requests, 1)
+	require.Equal(t, uint64(8), cur.Requests[0].ID)
+	require.Equal(t, 0, cur.Requests[0].Index)
+	require.Equal(t, int64(1), cur.Hist[MetricTTFT].TotalCount())
+	require.Zero(t, cur.Hist[MetricInterEvent].TotalCount())
+
+	// Current is a copy: recording more does not change it.
+	r.Record(&tr)
+	require.Len(t, cur.Requests, 1)
+	require.Equal(t, int64(1), cur.Hist[MetricTTFT].TotalCount())
+
+	// A finished window is the caller's: later traffic does not reach it.
+	require.Equal(t, int64(2), w.Hist[MetricTTFT].TotalCount())
+
+	cum := r.Cumulative()
+	require.Equal(t, t0, cum.Start)
+	require.Nil(t, cum.Requests)
+	require.Equal(t, int64(4), cum.Hist[MetricTTFT].TotalCount())
+	require.Equal(t, int64(1), cum.Hist[MetricInterEvent].TotalCount())
+	require.Equal(t, int64(4), cum.Goodput.Requests)
+}
+
+func TestWindowRecordCap(t *testing.T) {
+	r, reg, _ := newTest(t, Config{MaxWindowRequests: chunkSize + 3})
+	tr := chat()
+	for range chunkSize + 10 {
+		r.Record(&tr)
+	}
+	w := r.Rotate()
+	require.Len(t, w.Requests, chunkSize+3)
+	require.Equal(t, int64(7), w.Dropped)
+	require.Equal(t, int64(chunkSize+10), w.Hist[MetricE2E].TotalCount(), "dropped records still count")
+	require.Equal(t, int64(chunkSize+10), w.Goodput.Requests)
+	require.Equal(t, chunkSize+2, w.Requests[chunkSize+2].Index)
+	n, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range n {
+		if mf.GetName() == "anvilproxy_histo_records_dropped_total" {
+			require.Equal(t, 7.0, mf.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+}
+
+func TestWindowEncode(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	tr := chat()
+	r.Record(&tr)
+	w := r.Rotate()
+	enc, err := w.Encode()
+	require.NoError(t, err)
+	require.Len(t, enc, int(NumMetrics))
+
+	// Two windows merge exactly after a round trip.
+	h, err := hdrhistogram.Decode([]byte(enc["ttft"]))
+	require.NoError(t, err)
+	require.True(t, h.Equals(w.Hist[MetricTTFT]))
+	sum := NewHistogram(MetricTTFT)
+	require.Zero(t, sum.Merge(h))
+	require.Zero(t, sum.Merge(h))
+	require.Equal(t, int64(2), sum.TotalCount())
+	require.InDelta(t, 1300.0, MetricTTFT.Float(sum.ValueAtQuantile(50)), 1.3)
+}
+
+func TestMetricUnits(t *testing.T) {
+	require.Equal(t, Microseconds, MetricTTFT.Unit())
+	require.Equal(t, MilliTokensPerSecond, MetricDecodeRate.Unit())
+	require.Equal(t, Tokens, MetricPromptTokens.Unit())
+	require.Equal(t, 1.5, MetricE2E.Float(1500))              // µs → ms
+	require.Equal(t, 231.964, MetricDecodeRate.Float(231964)) // mtok/s → tok/s
+	require.Equal(t, 62327.0, MetricPromptTokens.Float(62327))
+	seen := map[string]bool{}
+	for m := range NumMetrics {
+		require.NotEqual(t, "unknown", m.String())
+		require.False(t, seen[m.String()], m.String())
+		seen[m.String()] = true
+	}
+}

@@ -1,0 +1,150 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultMaxBodyBytes        = 64 << 20
+	DefaultMaxHeaderBytes      = 64 << 10
+	DefaultReadTimeout         = 60 * time.Second
+	DefaultClientWriteTimeout  = 2 * time.Minute
+	DefaultUpstreamReadTimeout = 10 * time.Minute
+	DefaultDialTimeout         = 5 * time.Second
+	DefaultMaxConns            = 4096
+	DefaultMaxConnWait         = 100 * time.Millisecond
+	DefaultMaxModels           = 16
+	DefaultMaxCaptureBytes     = 4 << 20
+	DefaultMaxQueue            = 1024
+	DefaultMaxQueueWait        = 10 * time.Minute
+)
+
+// Config configures a Proxy. The zero value of every field but Upstream
+// selects the default named in its comment. Config is read once by New.
+type Config struct {
+	// Upstream is the inference server's base URL, http or https, with an
+	// optional path prefix that is joined in front of every request path.
+	Upstream string
+
+	// MaxBodyBytes limits a request body; larger ones get 413. 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// MaxHeaderBytes limits the request headers; larger ones get 431. 0 means DefaultMaxHeaderBytes.
+	MaxHeaderBytes int
+	// ReadTimeout bounds reading one whole request from the client (headers
+	// and body), which cuts slowloris clients. 0 means DefaultReadTimeout.
+	ReadTimeout time.Duration
+	// ClientWriteTimeout is an idle timeout per write to the client: a client
+	// that accepts no bytes for this long is dropped. It never limits a
+	// healthy stream's total length. 0 means DefaultClientWriteTimeout.
+	ClientWriteTimeout time.Duration
+	// UpstreamReadTimeout is an idle timeout per read from the upstream,
+	// including the wait for response headers (queue and prefill), like
+	// nginx's proxy_read_timeout. 0 means DefaultUpstreamReadTimeout.
+	UpstreamReadTimeout time.Duration
+	// DialTimeout bounds connecting to the upstream. 0 means DefaultDialTimeout.
+	DialTimeout time.Duration
+	// MaxConns bounds upstream connections; every stream holds one for its
+	// whole generation. 0 means DefaultMaxConns.
+	MaxConns int
+	// MaxConnWait is how long a request waits for a free upstream connection
+	// before 503. 0 means DefaultMaxConnWait.
+	MaxConnWait time.Duration
+	// NoForwardedFor turns off appending the client address to X-Forwarded-For.
+	NoForwardedFor bool
+	// PreserveHost sends the client's Host header upstream instead of the upstream's own.
+	PreserveHost bool
+	// InsecureSkipVerify skips TLS verification of an https upstream.
+	InsecureSkipVerify bool
+	// Models is the allowlist of model labels; others are labelled "other".
+	// Empty means the first MaxModels names seen are learned.
+	Models []string
+	// MaxModels bounds learned model labels. 0 means DefaultMaxModels.
+	MaxModels int
+	// MaxEventBytes bounds one SSE event while parsing (the bytes are still
+	// forwarded). 0 means the sse package default.
+	MaxEventBytes int
+	// MaxInflight, when positive, is a local concurrency limit: at most this
+	// many requests go upstream at once and the rest wait in FIFO order.
+	// Set it to the engine's slot count to measure the queue exactly.
+	MaxInflight int
+	// MaxQueue bounds the requests waiting for the limiter; one more gets
+	// 429. 0 means DefaultMaxQueue.
+	MaxQueue int
+	// MaxQueueWait bounds one request's wait in the limiter; past it, 503.
+	// 0 means DefaultMaxQueueWait.
+	MaxQueueWait time.Duration
+	// InjectUsage adds stream_options.include_usage=true to streamed chat
+	// and completions requests that did not ask for it, so that token
+	// counts come from the engine, and removes the extra usage-only event
+	// from what the client receives.
+	InjectUsage bool
+	// MaxCaptureBytes bounds how much of a non-stream JSON response is kept
+	// to read its usage. 0 means DefaultMaxCaptureBytes.
+	MaxCaptureBytes int
+}
+
+// upstream is the parsed Upstream URL.
+type upstream struct {
+	addr   string // host:port to dial
+	host   string // Host header value
+	tls    bool
+	prefix string // path prefix without a trailing slash
+}
+
+func (c *Config) setDefaults() {
+	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	setDefault(&c.ReadTimeout, DefaultReadTimeout)
+	setDefault(&c.ClientWriteTimeout, DefaultClientWriteTimeout)
+	setDefault(&c.UpstreamReadTimeout, DefaultUpstreamReadTimeout)
+	setDefault(&c.DialTimeout, DefaultDialTimeout)
+	setDefault(&c.MaxConns, DefaultMaxConns)
+	setDefault(&c.MaxConnWait, DefaultMaxConnWait)
+	setDefault(&c.MaxModels, DefaultMaxModels)
+	setDefault(&c.MaxCaptureBytes, DefaultMaxCaptureBytes)
+	setDefault(&c.MaxQueue, DefaultMaxQueue)
+	setDefault(&c.MaxQueueWait, DefaultMaxQueueWait)
+}
+
+func setDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+func parseUpstream(raw string) (upstream, error) {
+	if raw == "" {
+		return upstream{}, errors.New("no upstream configured")
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return upstream{}, fmt.Errorf("parsing upstream %q: %w", raw, err)
+	}
+	var up upstream
+	switch u.Scheme {
+	case "http":
+	case "https":
+		up.tls = true
+	default:
+		return upstream{}, fmt.Errorf("upstream %q: scheme must be http or https", raw)
+	}
+	if u.Host == "" {
+		return upstream{}, fmt.Errorf("upstream %q: no host", raw)
+	}
+	up.host = u.Host
+	up.addr = u.Host
+	if u.Port() == "" {
+		port := "80"
+		if up.tls {
+			port = "443"
+		}
+		up.addr = strings.TrimSuffix(u.Host, ":") + ":" + port
+	}
+	up.prefix = strings.TrimSuffix(u.EscapedPath(), "/")
+	return up, nil
+}

@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"bytes"
+	"net"
+
+	"github.com/valyala/fasthttp"
+)
+
+// hopHeaders are removed in both directions: they describe one connection,
+// not the message (RFC 9110 §7.6.1; the same list as Go's httputil.ReverseProxy).
+var hopHeaders = []string{
+	"Connection",
+	"Proxy-Connection", // non-standard, sent by old clients
+	"Keep-Alive",
+	"Proxy-Authenticate",
+	"Proxy-Authorization",
+	"Te",
+	"Trailer",
+	"Transfer-Encoding",
+	"Upgrade",
+}
+
+// header is what fasthttp's RequestHeader and ResponseHeader share.
+type header interface {
+	Peek(key string) []byte
+	Del(key string)
+	DelBytes(key []byte)
+}
+
+// stripHops removes hop-by-hop headers, including every header the Connection
+// header names (RFC 9110 §7.6.1).
+func stripHops(h header) {
+	// Copy first: the Peek result aliases storage that Del rearranges.
+	var buf [256]byte
+	named := append(buf[:0], h.Peek("Connection")...)
+	for len(named) > 0 {
+		var tok []byte
+		tok, named, _ = bytes.Cut(named, []byte(","))
+		if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+			h.DelBytes(tok)
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
+// stripResponseHops also removes Alt-Svc, as Caddy does: it would point the
+// client around the proxy.
+func stripResponseHops(h *fasthttp.ResponseHeader) {
+	stripHops(h)
+	h.Del("Alt-Svc")
+}
+
+// appendForwardedFor appends the client's address to X-Forwarded-For, like
+// Go's ReverseProxy Director and HAProxy's "option forwardfor".
+func appendForwardedFor(h *fasthttp.RequestHeader, ip net.IP) {
+	if ip == nil {
+		return
+	}
+	var buf [128]byte
+	v := buf[:0]
+	if prior := h.Peek("X-Forwarded-For"); len(prior) > 0 {
+		v = append(v, prior...)
+		v = append(v, ", "...)
+	}
+	v, _ = ip.AppendText(v)
+	h.SetBytesV("X-Forwarded-For", v)
+}

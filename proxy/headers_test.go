@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// rawExchange sends a raw HTTP/1.1 request and returns the raw response head.
+func rawExchange(t *testing.T, base, request string) *http.Response {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
+	_, err = c.Write([]byte(request))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	require.NoError(t, err)
+	return resp
+}
+
+func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	hosts := make(chan string, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		hosts <- r.Host
+		h := w.Header()
+		h.Set("Connection", "X-Up-Hop")
+		h.Set("X-Up-Hop", "1")
+		h.Set("Keep-Alive", "timeout=5")
+		h.Set("Alt-Svc", `h2="evil.example:443"`)
+		h.Set("Proxy-Authenticate", "Basic")
+		h.Set("X-End-To-End", "kept")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte("{}"))
+	})
+	base, _ := startProxy(t, Config{Upstream: up.URL}, newTraceLog())
+	resp := rawExchange(t, base, "POST /v1/models?x=1 HTTP/1.1\r\n"+
+		"Host: client.example\r\n"+
+		"Connection: keep-alive, X-Client-Hop\r\n"+
+		"X-Client-Hop: 1\r\n"+
+		"Keep-Alive: timeout=5\r\n"+
+		"Proxy-Authorization: Basic Zm9v\r\n"+
+		"Te: trailers\r\n"+
+		"Upgrade: websocket\r\n"+
+		"X-Forwarded-For: 10.9.9.9\r\n"+
+		"Authorization: Bearer sk-test\r\n"+
+		"X-Custom: Mixed-Case\r\n"+
+		"Content-Length: 2\r\n\r\n{}")
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	got := <-seen
+	for _, h := range []string{"X-Client-Hop", "Keep-Alive", "Proxy-Authorization", "Te", "Upgrade"} {
+		require.Empty(t, got.Get(h), "request header %s crossed the proxy", h)
+	}
+	require.Equal(t, "Bearer sk-test", got.Get("Authorization"))
+	require.Equal(t, "Mixed-Case", got.Get("X-Custom"))
+	require.Equal(t, "10.9.9.9, 127.0.0.1", got.Get("X-Forwarded-For"))
+	require.Equal(t, strings.TrimPrefix(up.URL, "http://"), <-hosts)
+
+	for _, h := range []string{"X-Up-Hop", "Keep-Alive", "Alt-Svc", "Proxy-Authenticate"} {
+		require.Empty(t, resp.Header.Get(h), "response header %s crossed the proxy", h)
+	}
+	require.Equal(t, "kept", resp.Header.Get("X-End-To-End"))
+}
+
+func TestPreserveHostAndNoForwardedFor(t *testing.T) {
+	seen := make(chan *http.Request, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r
+		w.WriteHeader(http.StatusNoContent)
+	})
+	base, _ := startProxy(t, Config{Upstream: up.URL, PreserveHost: true, NoForwardedFor: true}, newTraceLog())
+	resp := rawExchange(t, base, "GET /health HTTP/1.1\r\nHost: client.example\r\n\r\n")
+	resp.Body.Close()
+	require.Equal(t, http.StatusNoContent, resp.StatusCode)
+	r := <-seen
+	require.Equal(t, "client.example", r.Host)
+	require.Empty(t, r.Header.Get("X-Forwarded-For"))
+}
+
+func TestPathQueryMethodAndPrefixForwarded(t *testing.T) {
+	seen := make(chan string, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Method + " " + r.RequestURI
+		w.WriteHeader(http.StatusOK)
+	})
+	base, _ := startProxy(t, Config{Upstream: up.URL + "/engine/"}, newTraceLog())
+	resp := rawExchange(t, base, "DELETE /v1/things/a%2Fb/../c?q=1&q=2;x HTTP/1.1\r\nHost: h\r\n\r\n")
+	resp.Body.Close()
+	require.Equal(t, "DELETE /engine/v1/things/a%2Fb/../c?q=1&q=2;x", <-seen)
+}
+
+func TestModelLabelBounded(t *testing.T) {
+	s := newModelSet(nil, 3)
+	for i := 0; i < 10000; i++ {
+		s.label([]byte(strings.Repeat("m", i%50+1)))
+	}
+	require.Len(t, s.known, 3)
+	require.Equal(t, ModelOther, s.label([]byte("new")))
+	allow := newModelSet([]string{"a"}, 3)
+	require.Equal(t, "a", allow.label([]byte("a")))
+	require.Equal(t, ModelOther, allow.label([]byte("b")))
+	require.Equal(t, "", allow.label(nil))
+}
+
+func TestRouteOf(t *testing.T) {
+	tests := []struct {
+		path string
+		want Route
+	}{
+		{"/v1/chat/completions", RouteChat},
+		{"/v1/completions", RouteCompletions},
+		{"/v1/responses", RouteResponses},
+		{"/v1/messages", RouteMessages},
+		{"/v1/models", RouteModels},
+		{"/health", RouteHealth},
+		{"/metrics", RouteMetrics},
+		{"/v1/chat/completionsX", RouteOther},
+		{"/", RouteOther},
+	}
+	for _, tt := range tests {
+		require.Equal(t, tt.want, routeOf([]byte(tt.path)), tt.path)
+	}
+}

@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// traceLog is a Recorder that keeps every Trace for assertions.
+type traceLog struct {
+	mu     sync.Mutex
+	traces []Trace
+	relays int
+	gaps   []time.Duration
+	done   chan struct{} // receives one value per Record
+}
+
+func newTraceLog() *traceLog { return &traceLog{done: make(chan struct{}, 1024)} }
+
+func (l *traceLog) Record(t *Trace) {
+	l.mu.Lock()
+	l.traces = append(l.traces, *t)
+	l.mu.Unlock()
+	l.done <- struct{}{}
+}
+
+func (l *traceLog) ObserveRelay(time.Duration) {
+	l.mu.Lock()
+	l.relays++
+	l.mu.Unlock()
+}
+
+func (l *traceLog) ObserveGap(d time.Duration) {
+	l.mu.Lock()
+	l.gaps = append(l.gaps, d)
+	l.mu.Unlock()
+}
+
+// next waits for the next recorded Trace.
+func (l *traceLog) next(t *testing.T) Trace {
+	t.Helper()
+	select {
+	case <-l.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no trace recorded within 5s")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.traces[len(l.traces)-1]
+}
+
+// startProxy serves a Proxy for cfg on a loopback port and returns its base URL.
+func startProxy(t *testing.T, cfg Config, rec Recorder) (string, *Proxy) {
+	t.Helper()
+	p, err := New(cfg, zap.NewNop(), rec)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := p.Server()
+	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return "http://" + ln.Addr().String(), p
+}
+
+// startUpstream serves h on a loopback port.
+func startUpstream(t *testing.T, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// sseHeaders sets the headers of an SSE response.
+func sseHeaders(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+}

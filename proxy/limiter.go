@@ -1,0 +1,52 @@
+package proxy
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// limiter is the optional local concurrency limit (--max-inflight). Set to
+// the engine's slot count, it moves the engine's queue into the proxy,
+// where the wait is exact (queue_source "limiter", DESIGN.md §3).
+//
+// Waiters are served in FIFO order: goroutines blocked sending on a Go
+// channel are queued first come, first served. It is safe for concurrent use.
+type limiter struct {
+	slots    chan struct{}
+	waiting  atomic.Int64
+	maxQueue int64
+	maxWait  time.Duration
+}
+
+func newLimiter(n, maxQueue int, maxWait time.Duration) *limiter {
+	if n <= 0 {
+		return nil
+	}
+	return &limiter{slots: make(chan struct{}, n), maxQueue: int64(maxQueue), maxWait: maxWait}
+}
+
+// acquire takes a slot. It returns whether the request had to wait, and a
+// non-zero status when it was refused: 429 when the queue is full (like an
+// engine's own rejection), 503 when the wait exceeded maxWait.
+func (l *limiter) acquire() (waited bool, status int) {
+	select {
+	case l.slots <- struct{}{}:
+		return false, 0
+	default:
+	}
+	if l.waiting.Add(1) > l.maxQueue {
+		l.waiting.Add(-1)
+		return false, 429
+	}
+	defer l.waiting.Add(-1)
+	t := time.NewTimer(l.maxWait)
+	defer t.Stop()
+	select {
+	case l.slots <- struct{}{}:
+		return true, 0
+	case <-t.C:
+		return true, 503
+	}
+}
+
+func (l *limiter) release() { <-l.slots }

@@ -1,0 +1,419 @@
+// Package proxy is anvilproxy's transparent relay: a fasthttp server that
+// forwards every request to one upstream inference server, passes every
+// byte back unchanged and flushes every SSE event the moment it arrives,
+// and emits one Trace per request to a Recorder.
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/anvilproxy/anvilproxy/sse"
+)
+
+// Recorder receives what the proxy measures. Implementations must be safe
+// for concurrent use and must not block: they are called on the relay path.
+type Recorder interface {
+	// Record is called once per request, when it has ended. t is valid only
+	// during the call; copy the value to keep it.
+	Record(t *Trace)
+	// ObserveRelay is called for every upstream read relayed to the client,
+	// with the time from the read returning to the client write and flush
+	// returning (the proxy's own residency). It must not allocate.
+	ObserveRelay(d time.Duration)
+	// ObserveGap is called for every gap between consecutive output events
+	// of a stream. It must not allocate.
+	ObserveGap(d time.Duration)
+}
+
+// NopRecorder discards everything.
+type NopRecorder struct{}
+
+func (NopRecorder) Record(*Trace)              {}
+func (NopRecorder) ObserveRelay(time.Duration) {}
+func (NopRecorder) ObserveGap(time.Duration)   {}
+
+// Proxy forwards requests to one upstream. It is safe for concurrent use;
+// its configuration is fixed by New.
+type Proxy struct {
+	cfg    Config
+	up     upstream
+	client *fasthttp.HostClient
+	log    *zap.Logger
+	rec    Recorder
+	models *modelSet
+	limit  *limiter // nil without --max-inflight
+
+	nextID   atomic.Uint64
+	inflight atomic.Int64 // requests being served, from headers read to trace emitted
+	upstream atomic.Int64 // requests admitted upstream and not finished
+	relays   sync.Pool
+}
+
+// New validates cfg and returns a Proxy that reports to rec and logs one
+// line per request to log.
+func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
+	cfg.setDefaults()
+	up, err := parseUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if rec == nil {
+		rec = NopRecorder{}
+	}
+	p := &Proxy{
+		cfg:    cfg,
+		up:     up,
+		client: newHostClient(&cfg, up),
+		log:    log,
+		rec:    rec,
+		models: newModelSet(cfg.Models, cfg.MaxModels),
+		limit:  newLimiter(cfg.MaxInflight, cfg.MaxQueue, cfg.MaxQueueWait),
+	}
+	p.relays.New = func() any {
+		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes)}
+		r.reset()
+		return r
+	}
+	return p, nil
+}
+
+// Inflight returns the number of requests being served.
+func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
+
+// UpstreamConns returns the number of open upstream connections.
+func (p *Proxy) UpstreamConns() int { return p.client.ConnsCount() }
+
+// Server returns a fasthttp server that serves the proxy. Its timeouts are
+// those of the Config: a total ReadTimeout for reading a request (slowloris
+// protection) and no WriteTimeout, since streams have per-write idle
+// deadlines instead.
+func (p *Proxy) Server() *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:                       p.Handle,
+		ErrorHandler:                  p.handleReadError,
+		Name:                          "anvilproxy",
+		ReadTimeout:                   p.cfg.ReadTimeout,
+		IdleTimeout:                   2 * time.Minute,
+		ReadBufferSize:                p.cfg.MaxHeaderBytes,
+		MaxRequestBodySize:            p.cfg.MaxBodyBytes,
+		StreamRequestBody:             true, // so that t_recv is taken when the headers are in
+		DisableHeaderNamesNormalizing: true,
+		DisablePreParseMultipartForm:  true,
+		NoDefaultServerHeader:         true,
+		NoDefaultDate:                 true,
+		NoDefaultContentType:          true,
+		CloseOnShutdown:               true,
+	}
+}
+
+// Handle serves one request: read it, forward it, hand the response body to
+// a relay. It is the story of the package; the relay takes over once the
+// upstream headers are in.
+func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
+	r := p.relays.Get().(*relay)
+	tr := &r.tr
+	tr.ID = p.nextID.Add(1)
+	tr.Recv = ctx.Time()
+	tr.Route = routeOf(ctx.URI().PathOriginal())
+	tr.Method = methodOf(ctx.Method())
+	p.inflight.Add(1)
+
+	if status, kind := p.buildRequest(ctx, &r.req); status != 0 {
+		r.fail(SideClient, kind)
+		p.answerError(ctx, r, status)
+		return
+	}
+	tr.ReqBytes = int64(len(r.req.Body()))
+	if !p.admit(r) {
+		p.answerError(ctx, r, r.tr.Status)
+		return
+	}
+
+	err := p.client.Do(&r.req, &r.resp)
+	tr.Headers = time.Now()
+	connFacts(&r.resp, tr)
+	if err != nil {
+		status, kind := upstreamFailure(err)
+		r.fail(SideUpstream, kind)
+		p.answerError(ctx, r, status)
+		return
+	}
+
+	status := r.resp.StatusCode()
+	r.timing.QueueMs = headerQueueMs(&r.resp.Header)
+	r.resp.Header.CopyTo(&ctx.Response.Header)
+	stripResponseHops(&ctx.Response.Header)
+	tr.Status = status
+	if ctx.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
+		r.atEOF = true
+		r.endAt(tr.Headers)
+		p.finishHandler(r)
+		return
+	}
+	ct := r.resp.Header.ContentType()
+	r.isSSE = isEventStream(ct)
+	tr.Stream = r.isSSE
+	r.proto = tr.Route.Protocol()
+	if !r.isSSE && r.proto != sse.ProtocolUnknown && isJSON(ct) {
+		r.capture = r.capture[:0:cap(r.capture)]
+		if r.capture == nil {
+			r.capture = make([]byte, 0, 4096)
+		}
+	}
+	r.conn = ctx.Conn()
+	ctx.Response.ImmediateHeaderFlush = true
+	size := r.resp.Header.ContentLength()
+	if size < 0 {
+		size = -1 // chunked or until close upstream: chunked to the client
+	}
+	ctx.Response.SetBodyStream(r, size)
+}
+
+// admit passes the request through the limiter, if any, and counts it as
+// in flight upstream. It returns false, with tr.Status set, when refused.
+func (p *Proxy) admit(r *relay) bool {
+	tr := &r.tr
+	tr.Admit = tr.Recv // without a limiter t_admit = t_recv (DESIGN.md §3)
+	if p.limit != nil {
+		waited, status := p.limit.acquire()
+		if status != 0 {
+			r.fail(SideProxy, ErrLimited)
+			tr.Status = status
+			return false
+		}
+		r.slot = true
+		tr.Limited = waited
+		tr.Admit = time.Now()
+	}
+	r.admitted = true
+	tr.InflightAtAdmit = int(p.upstream.Add(1) - 1)
+	return true
+}
+
+// buildRequest copies the client's request into the upstream request: every
+// method, path, query, header and body byte, minus hop-by-hop headers, with
+// X-Forwarded-For appended and the upstream's Host. It returns a non-zero
+// status when the request must be refused.
+func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request) (int, ErrKind) {
+	ctx.Request.Header.CopyTo(&req.Header)
+	req.Header.DisableNormalizing()
+	req.Header.SetNoDefaultContentType(true)
+	uri := ctx.Request.Header.RequestURI()
+	if p.up.prefix != "" {
+		joined := make([]byte, 0, len(p.up.prefix)+len(uri))
+		uri = append(append(joined, p.up.prefix...), uri...)
+	}
+	req.SetRequestURIBytes(uri)
+	req.URI().DisablePathNormalizing = true
+	stripHops(&req.Header)
+	if !p.cfg.NoForwardedFor {
+		appendForwardedFor(&req.Header, ctx.RemoteIP())
+	}
+	if p.cfg.PreserveHost {
+		req.UseHostHeader = true
+	} else {
+		req.Header.SetHost(p.up.host)
+	}
+	req.URI().SetHost(p.up.host)
+	if err := readBody(ctx, req, p.cfg.MaxBodyBytes); err != nil {
+		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			return fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+		}
+		return fasthttp.StatusBadRequest, ErrBadRequest
+	}
+	return 0, ErrNone
+}
+
+// readBody reads the client's body into req, at most limit bytes.
+func readBody(ctx *fasthttp.RequestCtx, req *fasthttp.Request, limit int) error {
+	if !ctx.Request.IsBodyStream() {
+		req.SetBody(ctx.Request.Body())
+		return nil
+	}
+	lr := io.LimitedReader{R: ctx.RequestBodyStream(), N: int64(limit) + 1}
+	w := req.BodyWriter()
+	if _, err := io.Copy(w, &lr); err != nil {
+		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
+			return err
+		}
+		return fmt.Errorf("reading client body: %w", err)
+	}
+	if lr.N <= 0 {
+		return fasthttp.ErrBodyTooLarge
+	}
+	return nil
+}
+
+// handleReadError answers requests fasthttp could not read, with the status
+// the anchors use: 413 for a large body (fasthttp's default is 400), 431 for
+// large headers, 408 for a read timeout, 400 otherwise.
+func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
+	status, kind := fasthttp.StatusBadRequest, ErrBadRequest
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		status, kind = fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+	case errors.As(err, &small):
+		status = fasthttp.StatusRequestHeaderFieldsTooLarge
+	case isTimeout(err):
+		status = fasthttp.StatusRequestTimeout
+	}
+	r := p.relays.Get().(*relay)
+	r.tr.ID = p.nextID.Add(1)
+	r.tr.Recv = time.Now()
+	r.tr.Method = methodOf(ctx.Method())
+	r.fail(SideClient, kind)
+	p.inflight.Add(1)
+	p.answerError(ctx, r, status)
+}
+
+// answerError sends a proxy-made error response and ends the request.
+func (p *Proxy) answerError(ctx *fasthttp.RequestCtx, r *relay, status int) {
+	writeError(ctx, status, r.tr.ErrKind, p.up.host)
+	r.tr.Status = status
+	r.atEOF = true
+	p.finishHandler(r)
+}
+
+// finishHandler ends a request whose response has no streamed body.
+func (p *Proxy) finishHandler(r *relay) {
+	r.tr.ClientDone = time.Now()
+	_ = r.resp.CloseBodyStream()
+	p.finish(r)
+}
+
+// finish completes the Trace, reports it, and recycles the relay.
+func (p *Proxy) finish(r *relay) {
+	tr := &r.tr
+	if r.isSSE && !r.sawEnd && tr.ErrKind == ErrNone {
+		tr.Truncated = true
+	}
+	if r.isSSE && r.parser.Pending() > 0 {
+		tr.Truncated = true
+	}
+	p.readUsage(r)
+	tr.Model = p.models.label(requestModel(r.req.Body()))
+	p.rec.Record(tr)
+	p.logTrace(tr)
+	if r.slot {
+		p.limit.release()
+	}
+	if r.admitted {
+		p.upstream.Add(-1)
+	}
+	p.inflight.Add(-1)
+	r.reset()
+	p.relays.Put(r)
+}
+
+// readUsage fills the token counts from the stream's usage, the captured
+// non-stream body, or nothing (-1).
+func (p *Proxy) readUsage(r *relay) {
+	tr := &r.tr
+	u := r.usage
+	if !r.isSSE && len(r.capture) > 0 {
+		sse.ClassifyBody(r.proto, r.capture, &r.chunk)
+		if r.chunk.Flags&sse.FlagUsage != 0 {
+			u = r.chunk.Usage
+			tr.UsageSeen = true
+		}
+		if r.chunk.Flags&sse.FlagTiming != 0 {
+			mergeTiming(&r.timing, r.chunk.Timing)
+		}
+	}
+	tr.PromptTokens, tr.CompletionTokens = u.PromptTokens, u.CompletionTokens
+	tr.CachedTokens, tr.ReasoningTokens = u.CachedTokens, u.ReasoningTokens
+	tr.ServerQueue = msDuration(r.timing.QueueMs)
+	tr.ServerPrefill = msDuration(r.timing.PrefillMs)
+}
+
+func msDuration(ms float64) time.Duration {
+	if ms < 0 {
+		return -1
+	}
+	return time.Duration(ms * float64(time.Millisecond))
+}
+
+// requestModel returns the "model" of a JSON request body, or nil.
+func requestModel(body []byte) []byte {
+	if len(body) == 0 || body[0] != '{' {
+		return nil
+	}
+	var v struct {
+		Model json.RawMessage `json:"model"`
+	}
+	if json.Unmarshal(body, &v) != nil || len(v.Model) < 2 || v.Model[0] != '"' {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(v.Model, &s) != nil {
+		return nil
+	}
+	return []byte(s)
+}
+
+// reset prepares a relay for the next request, keeping its buffers.
+func (r *relay) reset() {
+	r.req.Reset()
+	r.resp.Reset()
+	r.conn = nil
+	r.isSSE = false
+	r.proto = sse.ProtocolUnknown
+	r.parser.Reset()
+	r.usage = sse.UnknownUsage()
+	r.timing = sse.Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1}
+	r.capture = r.capture[:0]
+	if cap(r.capture) > 1<<20 {
+		r.capture = nil // do not pin a large body in the pool
+	}
+	r.atEOF, r.sawEnd = false, false
+	r.slot, r.admitted = false, false
+	r.tr = Trace{}
+}
+
+// logTrace writes the one info line of a request. It carries stamps, counts
+// and labels only: never a prompt, a completion or a header value.
+func (p *Proxy) logTrace(tr *Trace) {
+	ce := p.log.Check(zapcore.InfoLevel, "request")
+	if ce == nil {
+		return
+	}
+	ce.Write(
+		zap.Uint64("id", tr.ID),
+		zap.String("route", tr.Route.String()),
+		zap.String("model", tr.Model),
+		zap.Int("status", tr.Status),
+		zap.Bool("stream", tr.Stream),
+		phaseField("ttfo", tr.FirstOutput, tr),
+		phaseField("ttft", tr.FirstContent, tr),
+		phaseField("e2e", tr.End, tr),
+		zap.Int("events", tr.Events),
+		zap.Int64("prompt_tokens", tr.PromptTokens),
+		zap.Int64("completion_tokens", tr.CompletionTokens),
+		zap.Int64("cached_tokens", tr.CachedTokens),
+		zap.Bool("cold", tr.Cold),
+		zap.Stringer("error_side", tr.ErrSide),
+		zap.Stringer("error", tr.ErrKind),
+	)
+}
+
+// phaseField logs the time from t_recv to t, or nothing when t never came.
+func phaseField(key string, t time.Time, tr *Trace) zap.Field {
+	if t.IsZero() {
+		return zap.Skip()
+	}
+	return zap.Duration(key, t.Sub(tr.Recv))
+}

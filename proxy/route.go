@@ -1,0 +1,128 @@
+package proxy
+
+import (
+	"bytes"
+	"sync"
+
+	"github.com/anvilproxy/anvilproxy/sse"
+)
+
+// Route is the bounded kind of a request path, usable as a metric label.
+type Route uint8
+
+// Routes the proxy knows. Everything else is RouteOther and is forwarded
+// verbatim and counted, not parsed (DESIGN.md §4).
+const (
+	RouteOther Route = iota
+	RouteChat
+	RouteCompletions
+	RouteResponses
+	RouteMessages
+	RouteModels
+	RouteEmbeddings
+	RouteHealth
+	RouteMetrics
+)
+
+var routeNames = [...]string{"other", "chat", "completions", "responses", "messages", "models", "embeddings", "health", "metrics"}
+
+// Routes lists every route, for pre-resolving metric label children.
+var Routes = []Route{RouteOther, RouteChat, RouteCompletions, RouteResponses, RouteMessages, RouteModels, RouteEmbeddings, RouteHealth, RouteMetrics}
+
+func (r Route) String() string {
+	if int(r) < len(routeNames) {
+		return routeNames[r]
+	}
+	return "other"
+}
+
+// Protocol is the stream protocol spoken on the route, for the SSE classifier.
+func (r Route) Protocol() sse.Protocol {
+	switch r {
+	case RouteChat:
+		return sse.ProtocolChat
+	case RouteCompletions:
+		return sse.ProtocolCompletions
+	case RouteResponses:
+		return sse.ProtocolResponses
+	case RouteMessages:
+		return sse.ProtocolMessages
+	}
+	return sse.ProtocolUnknown
+}
+
+// routeOf maps a request path (without query) to its Route. A prefix before
+// /v1 is tolerated so that gateways mounting the API under a path still match.
+func routeOf(path []byte) Route {
+	switch {
+	case bytes.HasSuffix(path, []byte("/chat/completions")):
+		return RouteChat
+	case bytes.HasSuffix(path, []byte("/completions")):
+		return RouteCompletions
+	case bytes.HasSuffix(path, []byte("/responses")):
+		return RouteResponses
+	case bytes.HasSuffix(path, []byte("/messages")):
+		return RouteMessages
+	case bytes.HasSuffix(path, []byte("/models")):
+		return RouteModels
+	case bytes.HasSuffix(path, []byte("/embeddings")):
+		return RouteEmbeddings
+	case bytes.Equal(path, []byte("/health")), bytes.Equal(path, []byte("/healthz")), bytes.Equal(path, []byte("/ready")):
+		return RouteHealth
+	case bytes.Equal(path, []byte("/metrics")):
+		return RouteMetrics
+	}
+	return RouteOther
+}
+
+var methodNames = []string{"GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"}
+
+// methodOf returns the method as one of a fixed set of strings, so that a
+// client-chosen method never becomes a free-form label.
+func methodOf(m []byte) string {
+	for _, s := range methodNames {
+		if string(m) == s {
+			return s
+		}
+	}
+	return "OTHER"
+}
+
+// ModelOther is the label of every model beyond the allowed or learned set.
+const ModelOther = "other"
+
+// modelSet bounds the model label (reliability-anchors §0.7: a model label
+// taken verbatim from request bodies lets a client create unbounded series).
+// It is safe for concurrent use.
+type modelSet struct {
+	mu      sync.Mutex
+	known   map[string]string // interned names
+	fixed   bool              // an allowlist was configured: learn nothing
+	maxSize int
+}
+
+func newModelSet(allow []string, max int) *modelSet {
+	s := &modelSet{known: make(map[string]string), fixed: len(allow) > 0, maxSize: max}
+	for _, m := range allow {
+		s.known[m] = m
+	}
+	return s
+}
+
+// label returns the bounded label for a model name taken from a request.
+func (s *modelSet) label(name []byte) string {
+	if len(name) == 0 {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.known[string(name)]; ok {
+		return m
+	}
+	if s.fixed || len(s.known) >= s.maxSize || len(name) > 128 {
+		return ModelOther
+	}
+	m := string(name)
+	s.known[m] = m
+	return m
+}

@@ -1,0 +1,188 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+)
+
+// chat renders POST /v1/chat/completions as vLLM does: a role chunk, then
+// reasoning deltas (both "reasoning_content" and "reasoning", as recent vLLM
+// sends), then content deltas, the last one carrying finish_reason, then the
+// usage-only chunk if stream_options.include_usage, then [DONE].
+type chat struct {
+	cfg          *Config
+	j            *job
+	includeUsage bool
+}
+
+func newChat(s *Server) protocol { return &chat{cfg: &s.cfg} }
+
+func (*chat) prefix() string { return "chatcmpl-" }
+
+type chatRequest struct {
+	Messages []struct {
+		Role      string          `json:"role"`
+		Content   json.RawMessage `json:"content"`
+		ToolCalls json.RawMessage `json:"tool_calls"`
+	} `json:"messages"`
+	Tools         json.RawMessage `json:"tools"`
+	Stream        bool            `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	MaxTokens           *int   `json:"max_tokens"`
+	MaxCompletionTokens *int   `json:"max_completion_tokens"`
+	ReasoningEffort     string `json:"reasoning_effort"`
+	ChatTemplateKwargs  struct {
+		EnableThinking *bool `json:"enable_thinking"`
+	} `json:"chat_template_kwargs"`
+}
+
+func (c *chat) parse(body []byte, j *job) error {
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return err
+	}
+	if len(req.Messages) == 0 {
+		return errors.New("messages must not be empty")
+	}
+	var b promptBuilder
+	b.raw(req.Tools)
+	for _, m := range req.Messages {
+		if err := b.message(m.Role, m.Content); err != nil {
+			return err
+		}
+		b.raw(m.ToolCalls)
+	}
+	j.prompt = b.String()
+	j.maxTokens, j.limited = tokenLimit(req.MaxCompletionTokens, req.MaxTokens)
+	j.reasoning = req.ReasoningEffort != "none" &&
+		(req.ChatTemplateKwargs.EnableThinking == nil || *req.ChatTemplateKwargs.EnableThinking)
+	j.stream = req.Stream
+	c.j = j
+	c.includeUsage = req.Stream && req.StreamOptions.IncludeUsage
+	return nil
+}
+
+type chatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *openAIUsage      `json:"usage,omitempty"`
+	Metrics *vllmMetrics      `json:"metrics,omitempty"`
+	Timings *llamaTimings     `json:"timings,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int             `json:"index"`
+	Delta        chatDelta       `json:"delta"`
+	Logprobs     *struct{}       `json:"logprobs"`
+	FinishReason *string         `json:"finish_reason"`
+	StopReason   json.RawMessage `json:"stop_reason,omitempty"` // vLLM sets it, to null, on the final choice only
+}
+
+type chatDelta struct {
+	Role             string  `json:"role,omitempty"`
+	Content          *string `json:"content,omitempty"`
+	ReasoningContent string  `json:"reasoning_content,omitempty"`
+	Reasoning        string  `json:"reasoning,omitempty"`
+}
+
+func (c *chat) chunk(choices []chatChunkChoice) *chatChunk {
+	return &chatChunk{
+		ID:      c.j.id,
+		Object:  "chat.completion.chunk",
+		Created: c.j.created,
+		Model:   c.cfg.Model,
+		Choices: choices,
+	}
+}
+
+func (c *chat) open(e *eventWriter, _ *result) error {
+	empty := ""
+	return e.send("", c.chunk([]chatChunkChoice{{Delta: chatDelta{Role: "assistant", Content: &empty}}}))
+}
+
+func (c *chat) delta(e *eventWriter, res *result, d delta) error {
+	choice := chatChunkChoice{}
+	if d.reasoning {
+		choice.Delta = chatDelta{ReasoningContent: d.text, Reasoning: d.text}
+	} else {
+		choice.Delta = chatDelta{Content: &d.text}
+	}
+	chunk := c.chunk([]chatChunkChoice{choice})
+	if d.last {
+		choice := &chunk.Choices[0]
+		choice.FinishReason = finishReason(c.j)
+		choice.StopReason = jsonNull
+		if !c.includeUsage {
+			_, chunk.Timings = timing(c.cfg.Timings, res) // llama.cpp puts them on the last chunk
+		}
+	}
+	return e.send("", chunk)
+}
+
+func (c *chat) close(e *eventWriter, res *result) error {
+	if c.includeUsage {
+		chunk := c.chunk([]chatChunkChoice{})
+		chunk.Usage = newOpenAIUsage(res)
+		chunk.Metrics, chunk.Timings = timing(c.cfg.Timings, res)
+		if err := e.send("", chunk); err != nil {
+			return err
+		}
+	}
+	return e.done()
+}
+
+type chatCompletion struct {
+	ID      string        `json:"id"`
+	Object  string        `json:"object"`
+	Created int64         `json:"created"`
+	Model   string        `json:"model"`
+	Choices []chatChoice  `json:"choices"`
+	Usage   *openAIUsage  `json:"usage"`
+	Metrics *vllmMetrics  `json:"metrics,omitempty"`
+	Timings *llamaTimings `json:"timings,omitempty"`
+}
+
+type chatChoice struct {
+	Index        int         `json:"index"`
+	Message      chatMessage `json:"message"`
+	Logprobs     *struct{}   `json:"logprobs"`
+	FinishReason *string     `json:"finish_reason"`
+	StopReason   *string     `json:"stop_reason"`
+}
+
+type chatMessage struct {
+	Role             string     `json:"role"`
+	Content          *string    `json:"content"`
+	ReasoningContent *string    `json:"reasoning_content"`
+	Reasoning        *string    `json:"reasoning"`
+	ToolCalls        []struct{} `json:"tool_calls"`
+}
+
+func (c *chat) body(res *result) any {
+	msg := chatMessage{Role: "assistant", ToolCalls: []struct{}{}}
+	if res.content.Len() > 0 {
+		content := res.content.String()
+		msg.Content = &content
+	}
+	if res.reasoning.Len() > 0 {
+		reasoning := res.reasoning.String()
+		msg.ReasoningContent, msg.Reasoning = &reasoning, &reasoning
+	}
+	out := &chatCompletion{
+		ID:      c.j.id,
+		Object:  "chat.completion",
+		Created: c.j.created,
+		Model:   c.cfg.Model,
+		Choices: []chatChoice{{Message: msg, FinishReason: finishReason(c.j)}},
+		Usage:   newOpenAIUsage(res),
+	}
+	out.Metrics, out.Timings = timing(c.cfg.Timings, res)
+	return out
+}
+
+func (*chat) errorBody(status int, msg string) any { return newOpenAIError(status, msg) }

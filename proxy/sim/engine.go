@@ -1,0 +1,264 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+)
+
+// prefillOverhead is the fixed cost of a prefill, so that a fully cached
+// prompt still takes one engine step.
+const prefillOverhead = time.Millisecond
+
+// errClientGone ends a generation whose client went away; the abort has been
+// recorded by then.
+var errClientGone = errors.New("sim: client went away")
+
+// errInjected ends a generation cut short by X-Sim-Fail-After-Events.
+var errInjected = errors.New("sim: injected mid-stream failure")
+
+// job is what the engine needs from a request, whatever its protocol.
+type job struct {
+	id        string // response id with the protocol's prefix
+	base      string // id without prefix, for derived item ids
+	prompt    string // the text whose bytes are the prompt tokens
+	maxTokens int    // completion length; 0 until defaulted
+	limited   bool   // the request set maxTokens, so the finish is "length"
+	reasoning bool
+	stream    bool
+	created   int64 // Unix seconds, as in "created"
+	arrived   time.Time
+	bodyHash  uint64
+	knobs     knobs
+}
+
+// delta is one output event: a run of tokens of one kind.
+type delta struct {
+	reasoning bool
+	text      string
+	tokens    int
+	last      bool // the final output event of the request
+}
+
+// result is what the engine did for one request, filled in as it runs.
+// Protocols render it; it is owned by the request's handler goroutine.
+type result struct {
+	promptTokens     int
+	cachedTokens     int
+	completionTokens int // generated so far
+	reasoningTokens  int
+
+	queue   time.Duration // arrival to slot
+	prefill time.Duration // slot to first token
+	decode  time.Duration // first token to latest token
+
+	reasoning strings.Builder
+	content   strings.Builder
+}
+
+// output receives a request's events as the engine produces them. An error
+// means the client is gone and ends the generation.
+type output interface {
+	start(res *result) error
+	token(res *result, d delta) error
+}
+
+// discard is the output of a non-stream request: the text is collected in
+// the result and rendered at the end.
+type discard struct{}
+
+func (discard) start(*result) error        { return nil }
+func (discard) token(*result, delta) error { return nil }
+
+// ticket is a request's place in admission: granted a slot at once, or
+// waiting in the FIFO queue until release hands one over.
+type ticket struct {
+	ready   chan struct{} // nil when granted at enqueue; closed on hand-over
+	granted bool          // guarded by Server.mu
+}
+
+// enqueue admits a request to a slot or the queue; false means the queue is
+// full and the request must be answered 429.
+func (s *Server) enqueue() (*ticket, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active < s.cfg.Slots && len(s.queue) == 0 {
+		s.active++
+		return &ticket{granted: true}, true
+	}
+	if len(s.queue) >= s.cfg.MaxQueue {
+		return nil, false
+	}
+	t := &ticket{ready: make(chan struct{})}
+	s.queue = append(s.queue, t)
+	return t, true
+}
+
+// wait blocks until t holds a slot. If ctx ends first, t leaves the queue
+// (or gives back a slot handed over in the meantime) and wait returns the
+// context's error.
+func (s *Server) wait(ctx context.Context, t *ticket) error {
+	if t.ready == nil {
+		return nil
+	}
+	select {
+	case <-t.ready:
+		return nil
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if t.granted {
+		s.mu.Unlock()
+		s.release()
+		return ctx.Err()
+	}
+	for i, q := range s.queue {
+		if q == t {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+// release frees a slot, handing it to the head of the queue if any.
+func (s *Server) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.queue) == 0 {
+		s.active--
+		return
+	}
+	t := s.queue[0]
+	s.queue[0] = nil
+	s.queue = s.queue[1:]
+	t.granted = true
+	close(t.ready)
+}
+
+// run takes an admitted request through queue, prefill and decode, sending
+// its events to out. It returns errClientGone after recording an abort, or
+// errInjected when X-Sim-Fail-After-Events cut it short.
+func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*result, error) {
+	res := &result{}
+	defer s.account(res)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+
+	if err := s.wait(ctx, t); err != nil {
+		return res, s.abort(j, res, PhaseQueue)
+	}
+	defer s.release()
+	admitted := time.Now()
+	res.queue = admitted.Sub(j.arrived)
+
+	hashes := s.cache.hashes(j.prompt)
+	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	s.mu.Lock()
+	res.cachedTokens = s.cache.match(hashes, res.promptTokens)
+	s.stats.PromptTokens += int64(res.promptTokens)
+	s.stats.CachedTokens += int64(res.cachedTokens)
+	s.mu.Unlock()
+
+	prefill := j.knobs.prefill
+	if prefill < 0 {
+		prefill = prefillOverhead + perRate(res.promptTokens-res.cachedTokens, s.cfg.PrefillTokensPerSec)
+	}
+	if err := sleepUntil(ctx, timer, admitted.Add(prefill)); err != nil {
+		return res, s.abort(j, res, PhasePrefill)
+	}
+	s.mu.Lock()
+	s.cache.insert(hashes)
+	s.mu.Unlock()
+	start := time.Now()
+	res.prefill = start.Sub(admitted)
+
+	if err := out.start(res); err != nil {
+		return res, s.abort(j, res, PhaseDecode)
+	}
+	return res, s.decode(ctx, timer, j, res, out, start)
+}
+
+// decode emits the completion as planned events, each due at a time
+// computed from start so that timer lateness never accumulates.
+func (s *Server) decode(ctx context.Context, timer *time.Timer, j *job, res *result, out output, start time.Time) error {
+	p := newPlan(j, s.cfg)
+	for k := 0; !p.done(); k++ {
+		if k == j.knobs.failAfter {
+			return errInjected
+		}
+		n, reasoning := p.next()
+		due := start.Add(perRate(p.emitted-1, s.cfg.DecodeTokensPerSec))
+		if j.knobs.eventGap >= 0 {
+			due = start.Add(time.Duration(k) * j.knobs.eventGap)
+		}
+		if err := sleepUntil(ctx, timer, due); err != nil {
+			return s.abort(j, res, PhaseDecode)
+		}
+		d := delta{reasoning: reasoning, text: p.text(n), tokens: n, last: p.done()}
+		res.add(d)
+		res.decode = time.Since(start)
+		if err := out.token(res, d); err != nil {
+			return s.abort(j, res, PhaseDecode)
+		}
+	}
+	if j.knobs.failAfter >= 0 {
+		return errInjected
+	}
+	return nil
+}
+
+func (res *result) add(d delta) {
+	res.completionTokens += d.tokens
+	if d.reasoning {
+		res.reasoningTokens += d.tokens
+		res.reasoning.WriteString(d.text)
+	} else {
+		res.content.WriteString(d.text)
+	}
+}
+
+// sleepUntil waits for due on t, or returns ctx's error as soon as ctx
+// ends. A due time in the past still checks ctx, so a client that left
+// while the engine ran late is noticed before the next event.
+func sleepUntil(ctx context.Context, t *time.Timer, due time.Time) error {
+	d := time.Until(due)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t.Reset(d)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func perRate(tokens int, perSec float64) time.Duration {
+	return time.Duration(float64(tokens) / perSec * float64(time.Second))
+}
+
+// abort records that the engine stopped work for j in phase and returns
+// errClientGone.
+func (s *Server) abort(j *job, res *result, phase Phase) error {
+	ev := AbortEvent{ID: j.id, At: time.Now(), Tokens: res.completionTokens, Phase: phase}
+	s.mu.Lock()
+	s.stats.Aborted++
+	s.stats.LastAbort = ev.At
+	s.mu.Unlock()
+	select {
+	case s.aborts <- ev:
+	default:
+	}
+	return errClientGone
+}
+
+func (s *Server) account(res *result) {
+	s.mu.Lock()
+	s.stats.CompletionTokens += int64(res.completionTokens)
+	s.mu.Unlock()
+}

@@ -1,0 +1,154 @@
+package sim
+
+import (
+	"encoding/json"
+	"net/http"
+	"time"
+)
+
+// jsonNull is an explicit null for a field that is omitted when unset.
+var jsonNull = json.RawMessage("null")
+
+// The shapes shared by the OpenAI chat completions and completions
+// endpoints, as vLLM serializes them (field order included).
+
+type openAIUsage struct {
+	PromptTokens            int                `json:"prompt_tokens"`
+	TotalTokens             int                `json:"total_tokens"`
+	CompletionTokens        int                `json:"completion_tokens"`
+	PromptTokensDetails     promptDetails      `json:"prompt_tokens_details"`
+	CompletionTokensDetails completionsDetails `json:"completion_tokens_details"`
+}
+
+type promptDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+type completionsDetails struct {
+	ReasoningTokens int `json:"reasoning_tokens"`
+}
+
+func newOpenAIUsage(res *result) *openAIUsage {
+	return &openAIUsage{
+		PromptTokens:            res.promptTokens,
+		TotalTokens:             res.promptTokens + res.completionTokens,
+		CompletionTokens:        res.completionTokens,
+		PromptTokensDetails:     promptDetails{CachedTokens: res.cachedTokens},
+		CompletionTokensDetails: completionsDetails{ReasoningTokens: res.reasoningTokens},
+	}
+}
+
+// vllmMetrics is vLLM's per-request "metrics" object
+// (--enable-per-request-metrics, docs/features/per_request_metrics.md),
+// plus prefill_time_ms and decode_time_ms, which name the same spans as
+// time_to_first_token_ms and generation_time_ms the way DESIGN.md does.
+type vllmMetrics struct {
+	TimeToFirstTokenMs float64  `json:"time_to_first_token_ms"` // scheduled → first token
+	GenerationTimeMs   float64  `json:"generation_time_ms"`     // first → last token
+	QueueTimeMs        float64  `json:"queue_time_ms"`
+	MeanITLMs          *float64 `json:"mean_itl_ms"` // null for one token
+	TokensPerSecond    float64  `json:"tokens_per_second"`
+	PrefillTimeMs      float64  `json:"prefill_time_ms"`
+	DecodeTimeMs       float64  `json:"decode_time_ms"`
+}
+
+func newVLLMMetrics(res *result) *vllmMetrics {
+	m := &vllmMetrics{
+		TimeToFirstTokenMs: ms(res.prefill),
+		GenerationTimeMs:   ms(res.decode),
+		QueueTimeMs:        ms(res.queue),
+		PrefillTimeMs:      ms(res.prefill),
+		DecodeTimeMs:       ms(res.decode),
+	}
+	if res.completionTokens > 1 {
+		itl := ms(res.decode) / float64(res.completionTokens-1)
+		m.MeanITLMs = &itl
+	}
+	if busy := (res.prefill + res.decode).Seconds(); busy > 0 {
+		m.TokensPerSecond = float64(res.completionTokens) / busy
+	}
+	return m
+}
+
+// llamaTimings is llama.cpp server's "timings" object. prompt_n counts only
+// the tokens evaluated, cache_n the ones reused from the cache.
+type llamaTimings struct {
+	CacheN              int     `json:"cache_n"`
+	PromptN             int     `json:"prompt_n"`
+	PromptMs            float64 `json:"prompt_ms"`
+	PromptPerTokenMs    float64 `json:"prompt_per_token_ms"`
+	PromptPerSecond     float64 `json:"prompt_per_second"`
+	PredictedN          int     `json:"predicted_n"`
+	PredictedMs         float64 `json:"predicted_ms"`
+	PredictedPerTokenMs float64 `json:"predicted_per_token_ms"`
+	PredictedPerSecond  float64 `json:"predicted_per_second"`
+}
+
+func newLlamaTimings(res *result) *llamaTimings {
+	t := &llamaTimings{
+		CacheN:      res.cachedTokens,
+		PromptN:     res.promptTokens - res.cachedTokens,
+		PromptMs:    ms(res.prefill),
+		PredictedN:  res.completionTokens,
+		PredictedMs: ms(res.decode),
+	}
+	t.PromptPerTokenMs, t.PromptPerSecond = rates(t.PromptMs, t.PromptN)
+	t.PredictedPerTokenMs, t.PredictedPerSecond = rates(t.PredictedMs, t.PredictedN)
+	return t
+}
+
+func rates(totalMs float64, n int) (perTokenMs, perSecond float64) {
+	if n == 0 || totalMs == 0 {
+		return 0, 0
+	}
+	return totalMs / float64(n), float64(n) / totalMs * 1e3
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+
+// timing returns the Timings report of res, at most one of them non-nil.
+func timing(mode TimingMode, res *result) (*vllmMetrics, *llamaTimings) {
+	switch mode {
+	case TimingVLLM:
+		return newVLLMMetrics(res), nil
+	case TimingLlamaCpp:
+		return nil, newLlamaTimings(res)
+	}
+	return nil, nil
+}
+
+// openAIError is the error body of the OpenAI API and vLLM.
+type openAIError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    int     `json:"code"`
+	} `json:"error"`
+}
+
+func newOpenAIError(status int, msg string) any {
+	var e openAIError
+	e.Error.Message = msg
+	e.Error.Code = status
+	switch {
+	case status == http.StatusTooManyRequests:
+		e.Error.Type = "rate_limit_error"
+	case status == http.StatusNotFound:
+		e.Error.Type = "not_found_error"
+	case status >= 500:
+		e.Error.Type = "server_error"
+	default:
+		e.Error.Type = "invalid_request_error"
+	}
+	return &e
+}
+
+// finishReason is the OpenAI finish reason of a job generated in full.
+func finishReason(j *job) *string {
+	r := "stop"
+	if j.limited {
+		r = "length"
+	}
+	return &r
+}

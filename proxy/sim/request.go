@@ -1,0 +1,180 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// knobs are the X-Sim-* request headers documented in the package comment.
+type knobs struct {
+	status       int           // 0: off
+	failAttempts int           // 0: off
+	failAfter    int           // -1: off
+	eventGap     time.Duration // -1: off
+	prefill      time.Duration // -1: off
+}
+
+func parseKnobs(h http.Header) (knobs, error) {
+	k := knobs{failAfter: -1, eventGap: -1, prefill: -1}
+	var err error
+	if v := h.Get("X-Sim-Status"); v != "" {
+		if k.status, err = strconv.Atoi(v); err != nil || k.status < 400 || k.status > 599 {
+			return k, fmt.Errorf("sim: bad X-Sim-Status %q: want 400..599", v)
+		}
+	}
+	if v := h.Get("X-Sim-Fail-Attempts"); v != "" {
+		if k.failAttempts, err = strconv.Atoi(v); err != nil || k.failAttempts < 0 {
+			return k, fmt.Errorf("sim: bad X-Sim-Fail-Attempts %q: want a count", v)
+		}
+	}
+	if v := h.Get("X-Sim-Fail-After-Events"); v != "" {
+		if k.failAfter, err = strconv.Atoi(v); err != nil || k.failAfter < 0 {
+			return k, fmt.Errorf("sim: bad X-Sim-Fail-After-Events %q: want a count", v)
+		}
+	}
+	if v := h.Get("X-Sim-Event-Gap"); v != "" {
+		if k.eventGap, err = time.ParseDuration(v); err != nil || k.eventGap < 0 {
+			return k, fmt.Errorf("sim: bad X-Sim-Event-Gap %q: want a duration such as 50ms", v)
+		}
+	}
+	if v := h.Get("X-Sim-Prefill"); v != "" {
+		if k.prefill, err = time.ParseDuration(v); err != nil || k.prefill < 0 {
+			return k, fmt.Errorf("sim: bad X-Sim-Prefill %q: want a duration such as 2s", v)
+		}
+	}
+	return k, nil
+}
+
+// newJob parses a generation request with p and its knobs.
+func (s *Server) newJob(r *http.Request, body []byte, p protocol, arrived time.Time) (*job, error) {
+	j := &job{arrived: arrived, created: arrived.Unix(), bodyHash: hashBody(body)}
+	var err error
+	if j.knobs, err = parseKnobs(r.Header); err != nil {
+		return nil, err
+	}
+	if err := p.parse(body, j); err != nil {
+		return nil, err
+	}
+	if j.limited && j.maxTokens < 1 {
+		return nil, fmt.Errorf("max tokens must be at least 1, got %d", j.maxTokens)
+	}
+	if !j.limited {
+		j.maxTokens = s.cfg.DefaultMaxTokens
+	}
+	j.base = r.Header.Get("X-Request-Id")
+	if j.base == "" {
+		// Each id takes two steps of one SplitMix64 sequence, so ids are
+		// unique (its output function is a bijection) and reproducible.
+		x := uint64(s.cfg.Seed) + 2*s.seq.Add(1)*0x9e3779b97f4a7c15
+		j.base = fmt.Sprintf("%016x%016x", splitmix(&x), splitmix(&x))
+	}
+	j.id = p.prefix() + j.base
+	return j, nil
+}
+
+// tokenLimit returns the first limit the request set, in order of
+// precedence (vLLM prefers max_completion_tokens over max_tokens).
+func tokenLimit(limits ...*int) (n int, set bool) {
+	for _, l := range limits {
+		if l != nil {
+			return *l, true
+		}
+	}
+	return 0, false
+}
+
+// fault returns the status an injected fault answers j with, or 0.
+func (s *Server) fault(j *job) (int, string) {
+	if j.knobs.status != 0 {
+		return j.knobs.status, "sim: status requested by X-Sim-Status"
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := j.knobs.failAttempts; n > 0 {
+		if len(s.attempts) >= maxAttemptKeys {
+			clear(s.attempts)
+		}
+		s.attempts[j.bodyHash]++
+		if s.attempts[j.bodyHash] <= n {
+			return http.StatusTooManyRequests, "sim: attempt refused by X-Sim-Fail-Attempts"
+		}
+	}
+	if s.cfg.FailRate > 0 && s.fail.Float64() < s.cfg.FailRate {
+		return http.StatusInternalServerError, "sim: failure drawn by Config.FailRate"
+	}
+	return 0, ""
+}
+
+// maxAttemptKeys bounds the X-Sim-Fail-Attempts memory; tests send far fewer
+// distinct bodies than this.
+const maxAttemptKeys = 1 << 16
+
+func hashBody(body []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(body)
+	return h.Sum64()
+}
+
+// promptBuilder builds the prompt text that stands for the tokens the
+// engine would see after applying the chat template.
+type promptBuilder struct{ strings.Builder }
+
+// raw appends JSON as sent, unless it is absent or null.
+func (b *promptBuilder) raw(v json.RawMessage) {
+	if len(v) == 0 || bytes.Equal(v, []byte("null")) {
+		return
+	}
+	b.Write(v)
+	b.WriteByte('\n')
+}
+
+// message appends "role\ncontent\n". content is a JSON string, an array of
+// parts (a part's "text" counts; other parts count as their JSON), or null.
+func (b *promptBuilder) message(role string, content json.RawMessage) error {
+	b.WriteString(role)
+	b.WriteByte('\n')
+	if err := b.content(content); err != nil {
+		return err
+	}
+	b.WriteByte('\n')
+	return nil
+}
+
+func (b *promptBuilder) content(content json.RawMessage) error {
+	content = bytes.TrimSpace(content)
+	switch {
+	case len(content) == 0 || bytes.Equal(content, []byte("null")):
+		return nil
+	case content[0] == '"':
+		var s string
+		if err := json.Unmarshal(content, &s); err != nil {
+			return err
+		}
+		b.WriteString(s)
+		return nil
+	case content[0] == '[':
+		var parts []json.RawMessage
+		if err := json.Unmarshal(content, &parts); err != nil {
+			return err
+		}
+		for _, part := range parts {
+			var p struct {
+				Text *string `json:"text"`
+			}
+			if err := json.Unmarshal(part, &p); err != nil || p.Text == nil {
+				b.Write(part)
+				continue
+			}
+			b.WriteString(*p.Text)
+		}
+		return nil
+	}
+	return errors.New("content must be a string or an array of parts")
+}

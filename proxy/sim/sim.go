@@ -1,0 +1,343 @@
+// Package sim is a simulated LLM inference server: the embedded default
+// upstream of anvilproxy and the fixture of its tests.
+//
+// It speaks the OpenAI chat completions and legacy completions APIs as vLLM
+// emits them, the OpenAI Responses API and the Anthropic Messages API, and it
+// is calibrated to the seed run in DESIGN.md section 9 (model
+// qwen38-swift15-ninfer-dflash2-c4-262k on an RTX 5090): 4 slots with a FIFO
+// queue, prefill at ~7,700 uncached tokens/s, a block prefix cache, decode at
+// ~235 tokens/s per stream with ~5 tokens per SSE event (speculative decoding
+// emits several tokens per event), reasoning before content.
+//
+// The engine (admission, slots, prefix cache, prefill and decode timing) is
+// protocol-blind; a protocol value per request renders the engine's events as
+// one API's JSON and SSE. No text is ever generated from the prompt: output is
+// deterministic filler words, one word per token.
+//
+// Timing model, per request:
+//
+//	queue    waits FIFO until one of Config.Slots is free
+//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms
+//	decode   the first token comes out at the end of prefill; after it, the
+//	         event that ends at completion token i is due i−1 tokens later at
+//	         DecodeTokensPerSec, scheduled from the decode start so that timing
+//	         never drifts; so (completion_tokens−1)/generation time is the rate
+//
+// A stream's response headers go out as soon as the request is admitted to a
+// slot or the queue; its first event (role chunk, message_start,
+// response.created) comes at the end of prefill, just before the first
+// output event, which carries tokens.
+//
+// A client that goes away is noticed through the request context, which
+// net/http cancels when the connection closes even while the handler sleeps
+// (as vLLM notices a disconnect during prefill): the request leaves the queue
+// or stops prefill or decode at once, and the abort is counted in Stats and
+// sent on Aborts.
+//
+// Prompt tokens are len(prompt text)/BytesPerToken (at least 1). The prompt
+// text is: the tools JSON as sent, then "role\ncontent\n" per message in order
+// (content parts contribute their "text", other parts their JSON); for
+// completions it is the prompt; for Responses, instructions then input items;
+// for Messages, tools, system, then messages. The completion is exactly the
+// request's token limit (max_completion_tokens, max_tokens, max_output_tokens)
+// or Config.DefaultMaxTokens, and the finish reason says "length"
+// ("max_tokens" for Messages) when the request set the limit, "stop"
+// ("end_turn") when it did not.
+//
+// Reasoning is on for chat completions and Responses unless the request sends
+// "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
+// "chat_template_kwargs":{"enable_thinking":false}; on for Messages only when
+// "thinking":{"type":"enabled"} or "adaptive" (as Anthropic does); never for completions.
+//
+// Request headers steer single requests (the proxy forwards them unchanged):
+//
+//	X-Sim-Status: 503           answer this status (400-599) at once with a JSON error
+//	X-Sim-Fail-Attempts: 2      answer 429 to the first 2 attempts of each distinct
+//	                            body (keyed by a hash of the body), then serve normally
+//	X-Sim-Fail-After-Events: 3  after 3 output events drop the connection without the
+//	                            final chunk or [DONE] (0: right after the opening events;
+//	                            beyond the last event: before the closing events), so
+//	                            the client sees an unexpected EOF; a non-stream request
+//	                            drops before any response byte
+//	X-Sim-Event-Gap: 50ms       decode events exactly this far apart (tokens per event
+//	                            unchanged); a time.ParseDuration string
+//	X-Sim-Prefill: 2s           prefill takes exactly this long
+//	X-Request-Id: abc           the response id becomes "chatcmpl-abc" (per protocol
+//	                            prefix) and the header is echoed, as vLLM does
+//
+// A knob with a malformed value is answered with 400.
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultModel is the model name the simulator serves when Config.Model is
+// empty: the model of the seed run it is calibrated to.
+const DefaultModel = "qwen38-swift15-ninfer-dflash2-c4-262k"
+
+// maxBodyBytes bounds a request body: a 262k-token context is about 1 MiB of
+// text, so 32 MiB leaves room for tools, images as data URLs and JSON escapes.
+const maxBodyBytes = 32 << 20
+
+// Config configures a Server. The zero value is the calibrated default.
+type Config struct {
+	// Model is the served model name, reported in every response whatever
+	// the request asked for. "" means DefaultModel.
+	Model string
+	// Slots is the number of sequences generated concurrently. 0 means 4.
+	Slots int
+	// MaxQueue is the number of requests that may wait for a slot, in FIFO
+	// order; one more is answered 429. 0 means 64.
+	MaxQueue int
+	// PrefillTokensPerSec is the prefill rate for uncached prompt tokens.
+	// 0 means 7700.
+	PrefillTokensPerSec float64
+	// DecodeTokensPerSec is the decode rate of one stream. 0 means 235.
+	DecodeTokensPerSec float64
+	// TokensPerEvent is the mean number of tokens per output event; event
+	// sizes vary deterministically between 1 and 2*TokensPerEvent-1.
+	// 0 means 5.
+	TokensPerEvent int
+	// BytesPerToken is the prompt token estimate. 0 means 4.
+	BytesPerToken int
+	// DefaultMaxTokens is the completion length when the request sets no
+	// limit. 0 means 256.
+	DefaultMaxTokens int
+	// ReasoningShare is the share of completion tokens that are reasoning
+	// when reasoning is on (rounded down). 0 means 0.5.
+	ReasoningShare float64
+	// Timings selects the per-request timing report. The zero value is
+	// TimingNone.
+	Timings TimingMode
+	// CacheBlockTokens is the prefix cache granularity. 0 means 16.
+	CacheBlockTokens int
+	// CacheBlocks is the prefix cache capacity in blocks, evicted least
+	// recently used first. 0 means 1<<16.
+	CacheBlocks int
+	// FailRate is the share of requests answered with 500, drawn from a
+	// sequence seeded by Seed. 0 means none.
+	FailRate float64
+	// Seed makes event sizes, filler text, ids and FailRate reproducible.
+	Seed int64
+}
+
+// TimingMode selects how a response reports the engine's own timing, which
+// lets the proxy split queue from prefill (DESIGN.md section 3).
+type TimingMode int
+
+const (
+	// TimingNone reports no timing.
+	TimingNone TimingMode = iota
+	// TimingVLLM adds vLLM's per-request "metrics" object
+	// (--enable-per-request-metrics) to the usage chunk, the non-stream
+	// body and the completed Responses object.
+	TimingVLLM
+	// TimingLlamaCpp adds llama.cpp's "timings" object to the last JSON chunk
+	// and the non-stream body of the OpenAI endpoints.
+	TimingLlamaCpp
+)
+
+var timingNames = [...]string{"none", "vllm", "llamacpp"}
+
+// String returns "none", "vllm" or "llamacpp".
+func (m TimingMode) String() string {
+	if m < 0 || int(m) >= len(timingNames) {
+		return fmt.Sprintf("TimingMode(%d)", int(m))
+	}
+	return timingNames[m]
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (m TimingMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler, so a TimingMode can be
+// a flag.TextVar.
+func (m *TimingMode) UnmarshalText(b []byte) error {
+	for i, name := range timingNames {
+		if string(b) == name {
+			*m = TimingMode(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("sim: unknown timing mode %q (want none, vllm or llamacpp)", b)
+}
+
+// Server is a simulated inference server. It is an http.Handler, safe for
+// concurrent use; it starts no goroutines of its own, so every request is
+// served by its handler goroutine and nothing outlives it.
+type Server struct {
+	cfg    Config
+	mux    *http.ServeMux
+	seq    atomic.Uint64
+	aborts chan AbortEvent
+
+	mu       sync.Mutex // guards the fields below
+	active   int
+	queue    []*ticket
+	cache    *prefixCache
+	attempts map[uint64]int
+	fail     *rand.Rand
+	stats    Stats
+}
+
+// New returns a Server for cfg with defaults filled in, or an error naming
+// the first invalid field.
+func New(cfg Config) (*Server, error) {
+	cfg, err := withDefaults(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:      cfg,
+		aborts:   make(chan AbortEvent, abortBuffer),
+		cache:    newPrefixCache(cfg.CacheBlockTokens, cfg.BytesPerToken, cfg.CacheBlocks),
+		attempts: make(map[uint64]int),
+		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
+	}
+	s.mux = s.routes()
+	return s, nil
+}
+
+// Config returns the configuration in effect, defaults filled in.
+func (s *Server) Config() Config { return s.cfg }
+
+func withDefaults(c Config) (Config, error) {
+	ints := []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"Slots", &c.Slots, 4},
+		{"MaxQueue", &c.MaxQueue, 64},
+		{"TokensPerEvent", &c.TokensPerEvent, 5},
+		{"BytesPerToken", &c.BytesPerToken, 4},
+		{"DefaultMaxTokens", &c.DefaultMaxTokens, 256},
+		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
+		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
+	}
+	for _, f := range ints {
+		if *f.v < 0 {
+			return c, fmt.Errorf("sim: %s is %d, want >= 0", f.name, *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	floats := []struct {
+		name     string
+		v        *float64
+		def, max float64
+	}{
+		{"PrefillTokensPerSec", &c.PrefillTokensPerSec, 7700, math.MaxFloat64},
+		{"DecodeTokensPerSec", &c.DecodeTokensPerSec, 235, math.MaxFloat64},
+		{"ReasoningShare", &c.ReasoningShare, 0.5, 1},
+		{"FailRate", &c.FailRate, 0, 1},
+	}
+	for _, f := range floats {
+		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
+			return c, fmt.Errorf("sim: %s is %v, want 0..%v", f.name, *f.v, f.max)
+		}
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+	}
+	if c.Timings < TimingNone || c.Timings > TimingLlamaCpp {
+		return c, fmt.Errorf("sim: unknown Timings %d", int(c.Timings))
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	return c, nil
+}
+
+// ServeHTTP serves the inference API:
+//
+//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
+//	GET  /v1/models, /health, /metrics
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mux.ServeHTTP(w, r)
+}
+
+func (s *Server) routes() *http.ServeMux {
+	mux := http.NewServeMux()
+	for _, r := range []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{"POST", "/v1/chat/completions", s.generation(newChat)},
+		{"POST", "/v1/completions", s.generation(newCompletion)},
+		{"POST", "/v1/responses", s.generation(newResponses)},
+		{"POST", "/v1/messages", s.generation(newMessages)},
+		{"GET", "/v1/models", s.serveModels},
+		{"GET", "/health", serveHealth},
+		{"GET", "/metrics", s.serveMetrics},
+	} {
+		mux.HandleFunc(r.method+" "+r.path, r.h)
+		mux.HandleFunc(r.path, serveMethodNotAllowed)
+	}
+	mux.HandleFunc("/", serveNotFound)
+	return mux
+}
+
+// Stats is a snapshot of a Server's counters. Token totals include the
+// work done for requests that were later aborted.
+type Stats struct {
+	Requests    int64 // generation requests received
+	Completed   int64 // answered in full
+	Aborted     int64 // the client went away first
+	Rejected429 int64 // answered 429: queue full or X-Sim-Fail-Attempts
+	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
+
+	Active int // holding a slot now
+	Queued int // waiting for a slot now
+
+	PromptTokens     int64 // prompt tokens of requests that reached prefill
+	CachedTokens     int64 // the part of PromptTokens served by the prefix cache
+	CompletionTokens int64 // tokens generated
+
+	LastAbort time.Time // when the latest abort was noticed; zero if none
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.stats
+	st.Active = s.active
+	st.Queued = len(s.queue)
+	return st
+}
+
+// Phase is where a request was when its client went away.
+type Phase string
+
+// The phases of a request in the engine.
+const (
+	PhaseQueue   Phase = "queue"
+	PhasePrefill Phase = "prefill"
+	PhaseDecode  Phase = "decode"
+)
+
+// AbortEvent reports that the engine stopped work for a client that went
+// away.
+type AbortEvent struct {
+	ID     string    // the response id, such as "chatcmpl-…"
+	At     time.Time // when the engine noticed
+	Tokens int       // completion tokens generated before it stopped
+	Phase  Phase
+}
+
+// abortBuffer is the capacity of the Aborts channel.
+const abortBuffer = 1024
+
+// Aborts returns a channel that receives one AbortEvent per abort. It is
+// buffered (1024); when nobody drains it, further events are dropped rather
+// than delaying a handler, and Stats still counts them.
+func (s *Server) Aborts() <-chan AbortEvent { return s.aborts }

@@ -1,0 +1,268 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/anvilproxy/anvilproxy/sse"
+)
+
+// relayBufSize is the upstream read size. Engines send one SSE event per
+// HTTP chunk (uvicorn, fasthttp), so reads return event by event; 16 KiB
+// holds the largest common events (tool-call arguments) in one read.
+const relayBufSize = 16 << 10
+
+// relay is the body handed to fasthttp for one proxied response: it copies
+// the upstream body to the client read by read, and measures each read only
+// after it has been written and flushed (forward first, measure second).
+//
+// A relay is owned by one request: the handler fills it, then fasthttp's
+// connection goroutine calls WriteTo and finally CloseWithError, which
+// emits the Trace and returns the relay to the pool. It is never shared.
+type relay struct {
+	p    *Proxy
+	req  fasthttp.Request  // the request sent upstream; its body is read again at the end
+	resp fasthttp.Response // the upstream response, streamed
+	conn net.Conn          // the client connection, for per-write idle deadlines
+	buf  []byte
+
+	isSSE  bool
+	proto  sse.Protocol
+	parser *sse.Parser
+	ev     sse.Event
+	chunk  sse.Chunk
+	usage  sse.Usage
+	timing sse.Timing
+
+	capture []byte // non-stream JSON body kept to read usage, bounded
+	atEOF   bool   // the upstream body was read to its end
+	sawEnd  bool   // an end-of-stream event ([DONE], message_stop) was seen
+
+	slot     bool // holds a limiter slot
+	admitted bool // counted in Proxy.upstream
+
+	tr Trace
+}
+
+var (
+	_ fasthttp.BodyWriterTo        = (*relay)(nil)
+	_ fasthttp.ReadCloserWithError = (*relay)(nil)
+)
+
+// SupportsBodyWriteTo lets fasthttp call WriteTo, where each Write to the
+// chunked writer is one chunk plus a flush: one event reaches the client
+// the moment it arrives, and a client write error is seen at once.
+func (r *relay) SupportsBodyWriteTo() bool { return true }
+
+// WriteTo copies the upstream body to w. An upstream error is returned as
+// is, so fasthttp aborts the client's response without the terminating
+// chunk: a broken generation must never look complete (nginx
+// proxy_unfinished.t, Go's ErrAbortHandler).
+func (r *relay) WriteTo(w io.Writer) (int64, error) {
+	src := r.resp.BodyStream()
+	var total int64
+	for {
+		n, err := src.Read(r.buf)
+		if n > 0 {
+			t := time.Now()
+			if r.conn != nil {
+				// Per-write idle deadline; fasthttp's WriteTimeout would be a
+				// total over the whole stream (fasthttp #839).
+				_ = r.conn.SetWriteDeadline(t.Add(r.p.cfg.ClientWriteTimeout))
+			}
+			if _, werr := w.Write(r.buf[:n]); werr != nil {
+				r.fail(SideClient, ErrClientGone)
+				return total, fmt.Errorf("writing client: %w", werr)
+			}
+			r.p.rec.ObserveRelay(time.Since(t))
+			total += int64(n)
+			r.measure(r.buf[:n], t)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				r.atEOF = true
+				r.endAt(time.Now())
+				return total, nil
+			}
+			r.fail(SideUpstream, streamFailure(err))
+			return total, fmt.Errorf("reading upstream: %w", err)
+		}
+	}
+}
+
+// Read serves fasthttp paths that do not use WriteTo. The chunk is measured
+// before it is written here, so WriteTo is the path the proxy relies on.
+func (r *relay) Read(p []byte) (int, error) {
+	n, err := r.resp.BodyStream().Read(p)
+	if n > 0 {
+		r.measure(p[:n], time.Now())
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			r.atEOF = true
+			r.endAt(time.Now())
+			return n, io.EOF
+		}
+		r.fail(SideUpstream, streamFailure(err))
+	}
+	return n, err
+}
+
+// CloseWithError is called by fasthttp once the response is written, or
+// abandoned, with the client write error if any. Closing the upstream body
+// before its end closes the upstream connection (fasthttp v1.78), which is
+// how the engine learns that nobody reads the generation any more; calling
+// Close on BodyStream() instead would not (Bifrost #3341).
+func (r *relay) CloseWithError(err error) error {
+	r.tr.ClientDone = time.Now()
+	if err != nil {
+		r.fail(SideClient, ErrClientGone)
+	}
+	if !r.atEOF {
+		r.resp.SetConnectionClose()
+		if r.tr.ErrKind == ErrNone {
+			r.fail(SideClient, ErrClientGone) // abandoned without a write error (server shutdown)
+		}
+	}
+	if r.conn != nil {
+		_ = r.conn.SetWriteDeadline(time.Time{})
+	}
+	_ = r.resp.CloseBodyStream()
+	r.p.finish(r)
+	return nil
+}
+
+// fail records the first failure of the request; later ones are consequences.
+func (r *relay) fail(side Side, kind ErrKind) {
+	if r.tr.ErrKind == ErrNone {
+		r.tr.ErrSide, r.tr.ErrKind = side, kind
+	}
+}
+
+func (r *relay) endAt(t time.Time) {
+	if r.tr.End.IsZero() {
+		r.tr.End = t
+	}
+}
+
+// measure reads one relayed chunk that arrived at t.
+func (r *relay) measure(b []byte, t time.Time) {
+	r.tr.RespBytes += int64(len(b))
+	if !r.isSSE {
+		if r.capture != nil && len(r.capture)+len(b) <= r.p.cfg.MaxCaptureBytes {
+			r.capture = append(r.capture, b...)
+		}
+		return
+	}
+	r.parser.Feed(b)
+	for {
+		ok, err := r.parser.Next(&r.ev)
+		if err != nil {
+			r.tr.ParseErrors++
+			continue
+		}
+		if !ok {
+			return
+		}
+		r.onEvent(t)
+	}
+}
+
+// onEvent takes the stamps and counts of one SSE event (DESIGN.md §3).
+// Role-only and empty deltas never count as output: a gateway bug class that
+// reports a wrong TTFT for reasoning models (mission-anchors).
+func (r *relay) onEvent(t time.Time) {
+	tr := &r.tr
+	tr.Events++
+	if tr.FirstEvent.IsZero() {
+		tr.FirstEvent = t
+	}
+	sse.Classify(r.proto, &r.ev, &r.chunk)
+	f := r.chunk.Flags
+	if f&sse.FlagUnparsed != 0 {
+		tr.ParseErrors++
+	}
+	if f&sse.FlagReasoning != 0 {
+		tr.ReasoningEvents++
+	}
+	if f&sse.FlagContent != 0 {
+		tr.ContentEvents++
+	}
+	if f&sse.FlagToolCall != 0 {
+		tr.ToolEvents++
+	}
+	if f&(sse.FlagReasoning|sse.FlagContent|sse.FlagToolCall) != 0 {
+		if tr.FirstOutput.IsZero() {
+			tr.FirstOutput = t
+		} else {
+			r.p.rec.ObserveGap(t.Sub(tr.LastToken))
+		}
+		if tr.FirstContent.IsZero() && f&(sse.FlagContent|sse.FlagToolCall) != 0 {
+			tr.FirstContent = t
+		}
+		tr.LastToken = t
+	} else {
+		tr.EmptyEvents++
+	}
+	if f&sse.FlagUsage != 0 {
+		r.usage.Merge(r.chunk.Usage)
+		tr.UsageSeen = true
+	}
+	if f&sse.FlagTiming != 0 {
+		mergeTiming(&r.timing, r.chunk.Timing)
+	}
+	if f&sse.FlagDone != 0 {
+		r.sawEnd = true
+		r.endAt(t)
+	}
+}
+
+// mergeTiming keeps the engine-reported values of v that are known.
+func mergeTiming(t *sse.Timing, v sse.Timing) {
+	if v.QueueMs >= 0 {
+		t.QueueMs = v.QueueMs
+	}
+	if v.PrefillMs >= 0 {
+		t.PrefillMs = v.PrefillMs
+	}
+	if v.CachedTokens >= 0 {
+		t.CachedTokens = v.CachedTokens
+	}
+}
+
+// headerQueueMs reads TGI's x-queue-time response header (milliseconds).
+func headerQueueMs(h *fasthttp.ResponseHeader) float64 {
+	v := h.Peek("X-Queue-Time")
+	if len(v) == 0 {
+		return -1
+	}
+	ms, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || ms < 0 {
+		return -1
+	}
+	return ms
+}
+
+// isEventStream reports whether a Content-Type is text/event-stream, with
+// any parameters (charset) allowed, as Go's ReverseProxy decides to flush.
+func isEventStream(ct []byte) bool {
+	if !bytes.HasPrefix(bytes.ToLower(bytes.TrimSpace(ct)), []byte("text/event-stream")) {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(string(ct))
+	return err == nil && mt == "text/event-stream"
+}
+
+// isJSON reports whether a Content-Type is application/json (or +json).
+func isJSON(ct []byte) bool {
+	mt, _, err := mime.ParseMediaType(string(ct))
+	return err == nil && (mt == "application/json" || bytes.HasSuffix([]byte(mt), []byte("+json")))
+}

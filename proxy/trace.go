@@ -1,0 +1,111 @@
+package proxy
+
+import "time"
+
+// Side says which end of the proxy an error came from.
+type Side uint8
+
+// Sides of an error.
+const (
+	SideNone     Side = iota
+	SideClient        // the agent: it went away, sent a bad request, or read too slowly
+	SideUpstream      // the inference server: unreachable, timed out, or broke the stream
+	SideProxy         // the proxy's own limits (body size, concurrency limiter)
+)
+
+func (s Side) String() string {
+	switch s {
+	case SideClient:
+		return "client"
+	case SideUpstream:
+		return "upstream"
+	case SideProxy:
+		return "proxy"
+	}
+	return "none"
+}
+
+// ErrKind classifies how a request ended when it did not end well.
+type ErrKind uint8
+
+// Error kinds, bounded so that they can be metric labels.
+const (
+	ErrNone            ErrKind = iota
+	ErrConnect                 // dialing the upstream failed
+	ErrUpstreamTimeout         // the upstream was idle longer than the read timeout
+	ErrUpstreamBroken          // the upstream closed or reset mid-response, or sent a malformed response
+	ErrClientGone              // the client went away or stopped reading
+	ErrBodyTooLarge            // the request body exceeded the limit
+	ErrBadRequest              // the request could not be read
+	ErrPoolExhausted           // no free upstream connection within the wait
+	ErrLimited                 // the local limiter's queue was full or the wait too long
+)
+
+var errKindNames = [...]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited"}
+
+func (k ErrKind) String() string {
+	if int(k) < len(errKindNames) {
+		return errKindNames[k]
+	}
+	return "unknown"
+}
+
+// Trace is the record of one proxied request: the stamps of DESIGN.md §3, counts
+// and token usage. It holds only values, so copying it is always safe. A zero
+// time.Time stamp means the moment never came (for example no first output
+// for a request that failed).
+type Trace struct {
+	ID        uint64
+	Route     Route
+	Method    string // from a fixed set ("GET", "POST", …, "OTHER"); never a client string
+	Model     string // bounded label: an allowed or learned model name, "other" or ""
+	Stream    bool   // the response was text/event-stream
+	Status    int    // status sent to the client; 0 if none was sent
+	ErrSide   Side
+	ErrKind   ErrKind
+	ReqBytes  int64 // request body bytes from the client
+	RespBytes int64 // response body bytes written to the client
+
+	// Stamps, all from the proxy's monotonic clock.
+	Recv         time.Time // request headers read from the client
+	Admit        time.Time // past the local concurrency limiter (= Recv without one)
+	Sent         time.Time // request fully written to the upstream
+	Headers      time.Time // upstream response headers received
+	FirstEvent   time.Time // first SSE event from the upstream
+	FirstOutput  time.Time // first event with a non-empty reasoning, content or tool-call delta
+	FirstContent time.Time // first event with a non-empty content or tool-call delta
+	LastToken    time.Time // last event with any output delta
+	End          time.Time // upstream body finished ([DONE], message_stop, or EOF)
+	ClientDone   time.Time // last byte written and flushed to the client
+
+	Connect     time.Duration // acquiring the upstream connection (the dial, when Cold)
+	Cold        bool          // a new upstream connection was dialled for this request
+	UsageInject bool          // include_usage was added upstream by --inject-usage
+
+	// Limited is set when the proxy's own concurrency limiter held the
+	// request (Admit − Recv is then the exact wait). InflightAtAdmit is the
+	// number of other requests the proxy had in flight upstream when this
+	// one was admitted: the engine's load as the proxy sees it.
+	Limited         bool
+	InflightAtAdmit int
+
+	// Events seen on the stream, by kind. An event may count in several kinds.
+	Events          int
+	ReasoningEvents int
+	ContentEvents   int
+	ToolEvents      int
+	EmptyEvents     int  // role-only, empty-delta and other events without output
+	ParseErrors     int  // malformed SSE (oversized events) or unparsable event data
+	Truncated       bool // the upstream stream ended without its end marker
+
+	// Token usage as reported by the engine; -1 when unknown.
+	PromptTokens     int64
+	CompletionTokens int64
+	CachedTokens     int64
+	ReasoningTokens  int64
+	UsageSeen        bool // usage came from the engine (else token counts are estimates or unknown)
+
+	// Engine-reported timing (vLLM metrics, llama.cpp timings, TGI x-queue-time); negative when absent.
+	ServerQueue   time.Duration
+	ServerPrefill time.Duration
+}

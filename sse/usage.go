@@ -1,0 +1,161 @@
+package sse
+
+// Usage is the token accounting of a request; -1 means unknown. It is a
+// plain value, safe to copy.
+type Usage struct {
+	PromptTokens     int64 // all input tokens, cached ones included
+	CompletionTokens int64 // all output tokens, reasoning ones included
+	CachedTokens     int64 // input tokens served from the engine's prefix cache
+	ReasoningTokens  int64 // output tokens spent on reasoning
+}
+
+// UnknownUsage returns a Usage with every count unknown.
+func UnknownUsage() Usage {
+	return Usage{PromptTokens: -1, CompletionTokens: -1, CachedTokens: -1, ReasoningTokens: -1}
+}
+
+// Merge overwrites each count of u with the one of v if v's is known. Later
+// events win because their counts are newer: Anthropic's output_tokens in
+// message_delta is cumulative.
+func (u *Usage) Merge(v Usage) {
+	merge(&u.PromptTokens, v.PromptTokens)
+	merge(&u.CompletionTokens, v.CompletionTokens)
+	merge(&u.CachedTokens, v.CachedTokens)
+	merge(&u.ReasoningTokens, v.ReasoningTokens)
+}
+
+func merge(dst *int64, v int64) {
+	if v >= 0 {
+		*dst = v
+	}
+}
+
+// Timing is what the engine reported about the request's own phases;
+// negative means not reported. It is a plain value, safe to copy.
+type Timing struct {
+	QueueMs      float64 // time the request waited in the engine before it was scheduled
+	PrefillMs    float64 // time the engine spent on the prompt
+	CachedTokens int64   // prompt tokens the engine took from its cache
+}
+
+func unknownTiming() Timing {
+	return Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1}
+}
+
+// openaiUsage reads an OpenAI usage object. Chat and completions name the
+// counts prompt/completion, the Responses API input/output; both count
+// cached tokens inside the prompt.
+func openaiUsage(s *scanner, c *Chunk) {
+	if !s.object() {
+		return
+	}
+	c.Flags |= FlagUsage
+	u := &c.Usage
+	for k := s.key(); k != nil; k = s.key() {
+		switch string(k) {
+		case "prompt_tokens", "input_tokens":
+			u.PromptTokens = s.int()
+		case "completion_tokens", "output_tokens":
+			u.CompletionTokens = s.int()
+		case "prompt_tokens_details", "input_tokens_details":
+			u.CachedTokens = intField(s, "cached_tokens")
+		case "completion_tokens_details", "output_tokens_details":
+			u.ReasoningTokens = intField(s, "reasoning_tokens")
+		default:
+			s.skip()
+		}
+	}
+}
+
+// anthropicUsage reads an Anthropic usage object. Its input_tokens excludes
+// cache reads and writes, so the prompt is the sum of the three
+// (docs.anthropic.com, "Prompt caching", tracking cache performance).
+func anthropicUsage(s *scanner, c *Chunk) {
+	if !s.object() {
+		return
+	}
+	c.Flags |= FlagUsage
+	input, read, created := int64(-1), int64(-1), int64(-1)
+	for k := s.key(); k != nil; k = s.key() {
+		switch string(k) {
+		case "input_tokens":
+			input = s.int()
+		case "cache_read_input_tokens":
+			read = s.int()
+		case "cache_creation_input_tokens":
+			created = s.int()
+		case "output_tokens":
+			c.Usage.CompletionTokens = s.int()
+		default:
+			s.skip()
+		}
+	}
+	if input >= 0 {
+		c.Usage.PromptTokens = input + max(read, 0) + max(created, 0)
+	}
+	c.Usage.CachedTokens = read
+}
+
+// vllmMetrics reads vLLM's per-request "metrics" object (vLLM PR 46768,
+// --enable-per-request-metrics). It reports time_to_first_token_ms and
+// queue_time_ms; prefill is their difference unless a prefill_time_ms is
+// given.
+func vllmMetrics(s *scanner, c *Chunk) {
+	if !s.object() {
+		return
+	}
+	c.Flags |= FlagTiming
+	t := &c.Timing
+	ttft := -1.0
+	for k := s.key(); k != nil; k = s.key() {
+		switch string(k) {
+		case "queue_time_ms":
+			t.QueueMs = s.float()
+		case "prefill_time_ms":
+			t.PrefillMs = s.float()
+		case "time_to_first_token_ms":
+			ttft = s.float()
+		default:
+			s.skip()
+		}
+	}
+	if t.PrefillMs < 0 && ttft >= 0 && t.QueueMs >= 0 {
+		t.PrefillMs = max(ttft-t.QueueMs, 0)
+	}
+}
+
+// llamaTimings reads llama.cpp's "timings" object: prompt_ms is the prompt
+// evaluation time and cache_n the prompt tokens reused from the slot's cache.
+func llamaTimings(s *scanner, c *Chunk) {
+	if !s.object() {
+		return
+	}
+	c.Flags |= FlagTiming
+	for k := s.key(); k != nil; k = s.key() {
+		switch string(k) {
+		case "prompt_ms":
+			c.Timing.PrefillMs = s.float()
+		case "cache_n":
+			c.Timing.CachedTokens = s.int()
+		default:
+			s.skip()
+		}
+	}
+}
+
+// intField consumes a value and returns the integer under name if the value
+// is an object that has one, or -1.
+func intField(s *scanner, name string) int64 {
+	n := int64(-1)
+	if !s.object() {
+		return n
+	}
+	for k := s.key(); k != nil; k = s.key() {
+		if string(k) == name {
+			n = s.int()
+		} else {
+			s.skip()
+		}
+	}
+	return n
+}
