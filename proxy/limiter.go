@@ -25,27 +25,27 @@ func newLimiter(n, maxQueue int, maxWait time.Duration) *limiter {
 	return &limiter{slots: make(chan struct{}, n), maxQueue: int64(maxQueue), maxWait: maxWait}
 }
 
-// acquire takes a slot. It returns whether the request had to wait, and a
-// non-zero status when it was refused: 429 when the queue is full (like an
-// engine's own rejection), 503 when the wait exceeded maxWait.
-func (l *limiter) acquire() (waited bool, status int) {
+// acquire takes a slot. It returns a non-zero status when the request was
+// refused: 429 when the queue is full (like an engine's own rejection), 503
+// when the wait exceeded maxWait.
+func (l *limiter) acquire() (status int) {
 	select {
 	case l.slots <- struct{}{}:
-		return false, 0
+		return 0
 	default:
 	}
 	if l.waiting.Add(1) > l.maxQueue {
 		l.waiting.Add(-1)
-		return false, 429
+		return 429
 	}
 	defer l.waiting.Add(-1)
 	t := time.NewTimer(l.maxWait)
 	defer t.Stop()
 	select {
 	case l.slots <- struct{}{}:
-		return true, 0
+		return 0
 	case <-t.C:
-		return true, 503
+		return 503
 	}
 }
 

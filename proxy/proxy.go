@@ -83,7 +83,10 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		limit:  newLimiter(cfg.MaxInflight, cfg.MaxQueue, cfg.MaxQueueWait),
 	}
 	p.relays.New = func() any {
-		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes)}
+		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
+		if r.maxHold <= 0 {
+			r.maxHold = sse.DefaultMaxEventBytes
+		}
 		r.reset()
 		return r
 	}
@@ -137,6 +140,12 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
+	if p.cfg.InjectUsage && (tr.Route == RouteChat || tr.Route == RouteCompletions) {
+		if body, ok := injectIncludeUsage(r.req.Body()); ok {
+			r.req.SetBody(body)
+			tr.UsageInject = true
+		}
+	}
 	if !p.admit(r) {
 		p.answerError(ctx, r, r.tr.Status)
 		return
@@ -166,6 +175,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ct := r.resp.Header.ContentType()
 	r.isSSE = isEventStream(ct)
 	tr.Stream = r.isSSE
+	r.inject = r.isSSE && tr.UsageInject
 	r.proto = tr.Route.Protocol()
 	if !r.isSSE && r.proto != sse.ProtocolUnknown && isJSON(ct) {
 		r.capture = r.capture[:0:cap(r.capture)]
@@ -176,8 +186,8 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r.conn = ctx.Conn()
 	ctx.Response.ImmediateHeaderFlush = true
 	size := r.resp.Header.ContentLength()
-	if size < 0 {
-		size = -1 // chunked or until close upstream: chunked to the client
+	if size < 0 || r.inject {
+		size = -1 // chunked, until close, or filtered: chunked to the client
 	}
 	ctx.Response.SetBodyStream(r, size)
 }
@@ -188,14 +198,13 @@ func (p *Proxy) admit(r *relay) bool {
 	tr := &r.tr
 	tr.Admit = tr.Recv // without a limiter t_admit = t_recv (DESIGN.md §3)
 	if p.limit != nil {
-		waited, status := p.limit.acquire()
-		if status != 0 {
+		if status := p.limit.acquire(); status != 0 {
 			r.fail(SideProxy, ErrLimited)
 			tr.Status = status
 			return false
 		}
 		r.slot = true
-		tr.Limited = waited
+		tr.Limited = true
 		tr.Admit = time.Now()
 	}
 	r.admitted = true
@@ -380,6 +389,7 @@ func (r *relay) reset() {
 		r.capture = nil // do not pin a large body in the pool
 	}
 	r.atEOF, r.sawEnd = false, false
+	r.inject, r.hold, r.holdOff, r.out = false, r.hold[:0], 0, r.out[:0]
 	r.slot, r.admitted = false, false
 	r.tr = Trace{}
 }

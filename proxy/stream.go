@@ -43,8 +43,15 @@ type relay struct {
 	timing sse.Timing
 
 	capture []byte // non-stream JSON body kept to read usage, bounded
-	atEOF   bool   // the upstream body was read to its end
-	sawEnd  bool   // an end-of-stream event ([DONE], message_stop) was seen
+
+	// With --inject-usage: the stream is filtered event by event.
+	inject  bool
+	hold    []byte // raw bytes of the incomplete event not yet forwarded
+	holdOff int64  // stream offset of hold[0]
+	out     []byte // bytes to forward, reused
+	maxHold int
+	atEOF   bool // the upstream body was read to its end
+	sawEnd  bool // an end-of-stream event ([DONE], message_stop) was seen
 
 	slot     bool // holds a limiter slot
 	admitted bool // counted in Proxy.upstream
@@ -73,29 +80,52 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 		n, err := src.Read(r.buf)
 		if n > 0 {
 			t := time.Now()
-			if r.conn != nil {
-				// Per-write idle deadline; fasthttp's WriteTimeout would be a
-				// total over the whole stream (fasthttp #839).
-				_ = r.conn.SetWriteDeadline(t.Add(r.p.cfg.ClientWriteTimeout))
+			out := r.buf[:n]
+			if r.inject {
+				out = r.filter(out, t)
 			}
-			if _, werr := w.Write(r.buf[:n]); werr != nil {
-				r.fail(SideClient, ErrClientGone)
-				return total, fmt.Errorf("writing client: %w", werr)
+			if werr := r.write(w, out, t); werr != nil {
+				return total, werr
 			}
 			r.p.rec.ObserveRelay(time.Since(t))
-			total += int64(n)
-			r.measure(r.buf[:n], t)
+			total += int64(len(out))
+			if !r.inject {
+				r.measure(out, t)
+			}
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				r.atEOF = true
 				r.endAt(time.Now())
+				if len(r.hold) > 0 { // an incomplete last event: forward it as it came
+					if werr := r.write(w, r.hold, time.Now()); werr != nil {
+						return total, werr
+					}
+					total += int64(len(r.hold))
+				}
 				return total, nil
 			}
 			r.fail(SideUpstream, streamFailure(err))
 			return total, fmt.Errorf("reading upstream: %w", err)
 		}
 	}
+}
+
+// write sends b to the client as one chunk, under a per-write idle
+// deadline: fasthttp's WriteTimeout would be a total over the whole stream
+// (fasthttp #839).
+func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
+	if len(b) == 0 {
+		return nil
+	}
+	if r.conn != nil {
+		_ = r.conn.SetWriteDeadline(now.Add(r.p.cfg.ClientWriteTimeout))
+	}
+	if _, err := w.Write(b); err != nil {
+		r.fail(SideClient, ErrClientGone)
+		return fmt.Errorf("writing client: %w", err)
+	}
+	return nil
 }
 
 // Read serves fasthttp paths that do not use WriteTo. The chunk is measured

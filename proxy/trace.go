@@ -82,8 +82,10 @@ type Trace struct {
 	Cold        bool          // a new upstream connection was dialled for this request
 	UsageInject bool          // include_usage was added upstream by --inject-usage
 
-	// Limited is set when the proxy's own concurrency limiter held the
-	// request (Admit − Recv is then the exact wait). InflightAtAdmit is the
+	// Limited is set when the request passed the proxy's own concurrency
+	// limiter: Admit − Recv is then the exact queue wait (possibly 0), and
+	// the engine's own queue is ~0 when the limit is at most its slot
+	// count (queue_source "limiter"). InflightAtAdmit is the
 	// number of other requests the proxy had in flight upstream when this
 	// one was admitted: the engine's load as the proxy sees it.
 	Limited         bool

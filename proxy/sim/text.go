@@ -2,7 +2,7 @@ package sim
 
 import "strings"
 
-// plan decides, deterministically from the request and Config.Seed, how a
+// plan decides, deterministically from the prompt and Config.Seed, how a
 // completion is cut into events and which filler words it says.
 //
 // The first event carries one token, the one sampled at the end of prefill;
@@ -20,7 +20,9 @@ type plan struct {
 
 func newPlan(j *job, cfg Config) *plan {
 	p := &plan{
-		rng:   j.bodyHash ^ uint64(cfg.Seed),
+		// Seeded by the prompt, not the body, so that options that do not
+		// change the prompt (stream_options) do not change the text.
+		rng:   hashBody([]byte(j.prompt)) ^ uint64(cfg.Seed),
 		mean:  cfg.TokensPerEvent,
 		total: j.maxTokens,
 	}
