@@ -9,6 +9,10 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// StatusClientClosed is recorded for a request whose client went away
+// before the response began (nginx's 499); the client never sees it.
+const StatusClientClosed = 499
+
 // upstreamFailure maps an error from the upstream round trip (before any
 // response byte reached the client) to the status the client gets. This is
 // the one place where errors become statuses, like Caddy's statusError:

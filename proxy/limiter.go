@@ -27,8 +27,8 @@ func newLimiter(n, maxQueue int, maxWait time.Duration) *limiter {
 
 // acquire takes a slot. It returns a non-zero status when the request was
 // refused: 429 when the queue is full (like an engine's own rejection), 503
-// when the wait exceeded maxWait.
-func (l *limiter) acquire() (status int) {
+// when the wait exceeded maxWait, 499 when the client left while waiting.
+func (l *limiter) acquire(left <-chan struct{}) (status int) {
 	select {
 	case l.slots <- struct{}{}:
 		return 0
@@ -46,6 +46,8 @@ func (l *limiter) acquire() (status int) {
 		return 0
 	case <-t.C:
 		return 503
+	case <-left:
+		return StatusClientClosed
 	}
 }
 

@@ -47,7 +47,7 @@ func (NopRecorder) ObserveGap(time.Duration)   {}
 type Proxy struct {
 	cfg    Config
 	up     upstream
-	client *fasthttp.HostClient
+	pool   *pool
 	log    *zap.Logger
 	rec    Recorder
 	models *modelSet
@@ -76,7 +76,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	p := &Proxy{
 		cfg:    cfg,
 		up:     up,
-		client: newHostClient(&cfg, up),
+		pool:   newPool(&cfg, up),
 		log:    log,
 		rec:    rec,
 		models: newModelSet(cfg.Models, cfg.MaxModels),
@@ -97,7 +97,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
 
 // UpstreamConns returns the number of open upstream connections.
-func (p *Proxy) UpstreamConns() int { return p.client.ConnsCount() }
+func (p *Proxy) UpstreamConns() int { return p.pool.conns() }
 
 // Server returns a fasthttp server that serves the proxy. Its timeouts are
 // those of the Config: a total ReadTimeout for reading a request (slowloris
@@ -140,6 +140,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
+	r.watch(ctx)
 	if p.cfg.InjectUsage && (tr.Route == RouteChat || tr.Route == RouteCompletions) {
 		if body, ok := injectIncludeUsage(r.req.Body()); ok {
 			r.req.SetBody(body)
@@ -151,10 +152,27 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 
-	err := p.client.Do(&r.req, &r.resp)
+	s := p.pool.acquire()
+	if s == nil {
+		r.fail(SideProxy, ErrPoolExhausted)
+		p.answerError(ctx, r, fasthttp.StatusServiceUnavailable)
+		return
+	}
+	r.slot.Store(s)
+	if r.hasLeft() { // left before the slot was visible to the watcher
+		r.fail(SideClient, ErrClientGone)
+		p.answerError(ctx, r, StatusClientClosed)
+		return
+	}
+	err := s.hc.Do(&r.req, &r.resp)
 	tr.Headers = time.Now()
 	connFacts(&r.resp, tr)
 	if err != nil {
+		if r.hasLeft() {
+			r.fail(SideClient, ErrClientGone)
+			p.answerError(ctx, r, StatusClientClosed)
+			return
+		}
 		status, kind := upstreamFailure(err)
 		r.fail(SideUpstream, kind)
 		p.answerError(ctx, r, status)
@@ -198,12 +216,16 @@ func (p *Proxy) admit(r *relay) bool {
 	tr := &r.tr
 	tr.Admit = tr.Recv // without a limiter t_admit = t_recv (DESIGN.md §3)
 	if p.limit != nil {
-		if status := p.limit.acquire(); status != 0 {
-			r.fail(SideProxy, ErrLimited)
+		if status := p.limit.acquire(r.left); status != 0 {
+			if status == StatusClientClosed {
+				r.fail(SideClient, ErrClientGone)
+			} else {
+				r.fail(SideProxy, ErrLimited)
+			}
 			tr.Status = status
 			return false
 		}
-		r.slot = true
+		r.limited = true
 		tr.Limited = true
 		tr.Admit = time.Now()
 	}
@@ -306,6 +328,12 @@ func (p *Proxy) finishHandler(r *relay) {
 
 // finish completes the Trace, reports it, and recycles the relay.
 func (p *Proxy) finish(r *relay) {
+	if r.stopWatch != nil {
+		r.stopWatch()
+	}
+	if s := r.slot.Load(); s != nil {
+		p.pool.release(s)
+	}
 	tr := &r.tr
 	if r.isSSE && !r.sawEnd && tr.ErrKind == ErrNone {
 		tr.Truncated = true
@@ -317,7 +345,7 @@ func (p *Proxy) finish(r *relay) {
 	tr.Model = p.models.label(requestModel(r.req.Body()))
 	p.rec.Record(tr)
 	p.logTrace(tr)
-	if r.slot {
+	if r.limited {
 		p.limit.release()
 	}
 	if r.admitted {
@@ -390,7 +418,9 @@ func (r *relay) reset() {
 	}
 	r.atEOF, r.sawEnd = false, false
 	r.inject, r.hold, r.holdOff, r.out = false, r.hold[:0], 0, r.out[:0]
-	r.slot, r.admitted = false, false
+	r.limited, r.admitted = false, false
+	r.slot.Store(nil)
+	r.stopWatch, r.left, r.gone = nil, nil, atomic.Bool{}
 	r.tr = Trace{}
 }
 

@@ -8,6 +8,7 @@ import (
 	"mime"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -53,8 +54,15 @@ type relay struct {
 	atEOF   bool // the upstream body was read to its end
 	sawEnd  bool // an end-of-stream event ([DONE], message_stop) was seen
 
-	slot     bool // holds a limiter slot
+	limited  bool // holds a limiter slot
 	admitted bool // counted in Proxy.upstream
+
+	// The client watch: left is closed and gone set, once, when the client
+	// goes away; slot is the upstream connection to close then.
+	slot      atomic.Pointer[slot]
+	left      chan struct{}
+	gone      atomic.Bool
+	stopWatch func()
 
 	tr Trace
 }
@@ -105,7 +113,11 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 				}
 				return total, nil
 			}
-			r.fail(SideUpstream, streamFailure(err))
+			if r.hasLeft() {
+				r.fail(SideClient, ErrClientGone) // the watcher closed the upstream
+			} else {
+				r.fail(SideUpstream, streamFailure(err))
+			}
 			return total, fmt.Errorf("reading upstream: %w", err)
 		}
 	}
@@ -169,6 +181,27 @@ func (r *relay) CloseWithError(err error) error {
 	r.p.finish(r)
 	return nil
 }
+
+// watch starts watching the client connection for the rest of the request.
+func (r *relay) watch(ctx *fasthttp.RequestCtx) {
+	r.left = make(chan struct{})
+	r.stopWatch = watchClient(ctx.Conn(), r.clientLeft)
+}
+
+// clientLeft runs on the watcher's goroutine when the client has gone: it
+// closes the upstream connection at once, whether the request waits for
+// headers (queue, prefill) or streams, so the engine stops working for
+// nobody. The handler stores the slot before checking gone and this stores
+// gone before loading the slot, so one of them always sees the other.
+func (r *relay) clientLeft() {
+	r.gone.Store(true)
+	close(r.left)
+	if s := r.slot.Load(); s != nil {
+		s.abort()
+	}
+}
+
+func (r *relay) hasLeft() bool { return r.gone.Load() }
 
 // fail records the first failure of the request; later ones are consequences.
 func (r *relay) fail(side Side, kind ErrKind) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/tls"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,29 +13,111 @@ import (
 // epoch anchors the monotonic stamps kept in atomics as offsets.
 var epoch = time.Now()
 
-// newHostClient returns the client pinned to the upstream. Its own timeouts
-// stay zero: fasthttp's ReadTimeout is a deadline for the whole response
-// body and would cut long generations (reliability-anchors §0.3); the idle
-// deadlines live in upstreamConn instead.
-func newHostClient(cfg *Config, up upstream) *fasthttp.HostClient {
-	d := dialer{timeout: cfg.DialTimeout, idle: cfg.UpstreamReadTimeout}
-	hc := &fasthttp.HostClient{
-		Addr:                          up.addr,
-		IsTLS:                         up.tls,
-		Dial:                          d.dial,
+// pool hands out slots: single-connection HostClients pinned to the
+// upstream. A HostClient exposes no link from a request to its connection,
+// and a request waiting for response headers (queue and prefill, possibly
+// minutes) can only be cancelled by closing that connection; with one
+// connection per slot the request holding the slot knows it. Free slots are
+// reused last-in first-out, so the busiest keep their connections warm.
+// A pool is safe for concurrent use.
+type pool struct {
+	cfg  *Config
+	up   upstream
+	sem  chan struct{} // one token per slot in use: bounds upstream connections
+	mu   sync.Mutex
+	free []*slot
+	all  []*slot
+}
+
+// slot is one upstream connection's client. conn is the connection it
+// dialled last (nil before the first dial); it is set by the dialer and read
+// by whoever must close it.
+type slot struct {
+	hc   *fasthttp.HostClient
+	conn atomic.Pointer[upstreamConn]
+}
+
+func newPool(cfg *Config, up upstream) *pool {
+	return &pool{cfg: cfg, up: up, sem: make(chan struct{}, cfg.MaxConns)}
+}
+
+// acquire returns a free slot, waiting up to MaxConnWait when all
+// MaxConns are in use; nil means none became free.
+func (p *pool) acquire() *slot {
+	select {
+	case p.sem <- struct{}{}:
+	default:
+		t := time.NewTimer(p.cfg.MaxConnWait)
+		defer t.Stop()
+		select {
+		case p.sem <- struct{}{}:
+		case <-t.C:
+			return nil
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.free); n > 0 {
+		s := p.free[n-1]
+		p.free = p.free[:n-1]
+		return s
+	}
+	s := p.newSlot()
+	p.all = append(p.all, s)
+	return s
+}
+
+// release returns s to the pool. The caller has closed or drained the
+// response body, so the connection is idle or closed.
+func (p *pool) release(s *slot) {
+	p.mu.Lock()
+	p.free = append(p.free, s)
+	p.mu.Unlock()
+	<-p.sem
+}
+
+// conns counts open upstream connections.
+func (p *pool) conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.all {
+		n += s.hc.ConnsCount()
+	}
+	return n
+}
+
+// newSlot builds a slot's client. Its own timeouts stay zero: fasthttp's
+// ReadTimeout is a deadline for the whole response body and would cut long
+// generations (reliability-anchors §0.3); the idle deadlines live in
+// upstreamConn instead.
+func (p *pool) newSlot() *slot {
+	s := &slot{}
+	s.hc = &fasthttp.HostClient{
+		Addr:                          p.up.addr,
+		IsTLS:                         p.up.tls,
+		Dial:                          func(addr string) (net.Conn, error) { return s.dial(addr, p.cfg) },
 		StreamResponseBody:            true,
-		MaxConns:                      cfg.MaxConns,
-		MaxConnWaitTimeout:            cfg.MaxConnWait,
+		MaxConns:                      1,
 		MaxIdemponentCallAttempts:     1, // a transparent proxy never re-sends on its own
-		ReadBufferSize:                cfg.MaxHeaderBytes,
+		ReadBufferSize:                p.cfg.MaxHeaderBytes,
 		NoDefaultUserAgentHeader:      true,
 		DisableHeaderNamesNormalizing: true,
 		DisablePathNormalizing:        true,
 	}
-	if up.tls {
-		hc.TLSConfig = &tls.Config{InsecureSkipVerify: cfg.InsecureSkipVerify} //nolint:gosec // opt-in flag
+	if p.up.tls {
+		s.hc.TLSConfig = &tls.Config{InsecureSkipVerify: p.cfg.InsecureSkipVerify} //nolint:gosec // opt-in flag
 	}
-	return hc
+	return s
+}
+
+// abort closes the slot's connection, which ends a Do waiting for headers
+// or a body read in progress with an error; the engine sees the close and
+// stops work on the request.
+func (s *slot) abort() {
+	if c := s.conn.Load(); c != nil {
+		_ = c.Conn.Close()
+	}
 }
 
 // dialError marks an error as having happened while connecting, so that it
@@ -44,26 +127,21 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return "dialing upstream: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-type dialer struct {
-	timeout time.Duration
-	idle    time.Duration
-}
-
-func (d dialer) dial(addr string) (net.Conn, error) {
+func (s *slot) dial(addr string, cfg *Config) (net.Conn, error) {
 	start := time.Now()
-	c, err := fasthttp.DialTimeout(addr, d.timeout)
+	c, err := fasthttp.DialTimeout(addr, cfg.DialTimeout)
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	uc := &upstreamConn{Conn: c, idle: d.idle, dialTook: time.Since(start)}
+	uc := &upstreamConn{Conn: c, idle: cfg.UpstreamReadTimeout, dialTook: time.Since(start)}
 	uc.addr = connAddr{Addr: c.LocalAddr(), conn: uc}
+	s.conn.Store(uc)
 	return uc, nil
 }
 
 // upstreamConn is an upstream connection with idle deadlines renewed on every
 // read and write, and the facts a Trace needs about it. The request that uses
-// it finds it again through Response.LocalAddr, which returns a connAddr: the
-// HostClient exposes no other link from a response to its connection.
+// it finds it again through Response.LocalAddr, which returns a connAddr.
 type upstreamConn struct {
 	net.Conn
 	idle      time.Duration

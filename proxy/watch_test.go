@@ -1,0 +1,121 @@
+//go:build linux
+
+package proxy
+
+import (
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
+)
+
+// rawPost sends a request on a fresh connection and returns the connection
+// without reading the response.
+func rawPost(t *testing.T, base, path, body string, header ...string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	for i := 0; i+1 < len(header); i += 2 {
+		req += header[i] + ": " + header[i+1] + "\r\n"
+	}
+	req += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	_, err = c.Write([]byte(req))
+	require.NoError(t, err)
+	return c
+}
+
+// TestClientLeavesDuringPrefill: a client that gives up before the first
+// token makes the proxy close the upstream connection within 100 ms, so the
+// engine stops prefilling an orphan, whether the engine has sent response
+// headers (streams: vLLM answers at admission) or not (non-stream).
+func TestClientLeavesDuringPrefill(t *testing.T) {
+	for _, stream := range []bool{false, true} {
+		t.Run("stream="+strconv.FormatBool(stream), func(t *testing.T) {
+			s, up := startSim(t, fastSim)
+			log := newTraceLog()
+			base, _ := startProxy(t, Config{Upstream: up}, log)
+			body := `{"stream":` + strconv.FormatBool(stream) + `,"messages":[{"role":"user","content":"long prompt"}]}`
+			c := rawPost(t, base, "/v1/chat/completions", body, "X-Sim-Prefill", "5s")
+			time.Sleep(150 * time.Millisecond) // well inside the prefill
+			left := time.Now()
+			require.NoError(t, c.Close())
+			select {
+			case ev := <-s.Aborts():
+				require.Equal(t, sim.PhasePrefill, ev.Phase)
+				require.Less(t, ev.At.Sub(left), 100*time.Millisecond, "the engine prefilled %v for nobody", ev.At.Sub(left))
+			case <-time.After(3 * time.Second):
+				t.Fatal("the engine never noticed the client leaving during prefill")
+			}
+			tr := log.next(t)
+			require.Equal(t, SideClient, tr.ErrSide)
+			require.Equal(t, ErrClientGone, tr.ErrKind)
+		})
+	}
+}
+
+// TestClientLeavesWhileLimited: a client that leaves while queued in the
+// local limiter is dropped from the queue and never reaches the engine.
+func TestClientLeavesWhileLimited(t *testing.T) {
+	s, up := startSim(t, fastSim)
+	log := newTraceLog()
+	base, p := startProxy(t, Config{Upstream: up, MaxInflight: 1}, log)
+	hog := rawPost(t, base, "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}]}`, "X-Sim-Prefill", "2s")
+	require.Eventually(t, func() bool { return p.upstream.Load() == 1 }, time.Second, time.Millisecond)
+	waiter := rawPost(t, base, "/v1/chat/completions", `{"messages":[{"role":"user","content":"b"}]}`)
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, waiter.Close())
+	tr := log.next(t)
+	require.Equal(t, ErrClientGone, tr.ErrKind)
+	require.Equal(t, StatusClientClosed, tr.Status)
+	require.True(t, tr.Sent.IsZero(), "never sent upstream")
+	require.Equal(t, int64(1), s.Stats().Requests)
+	hog.Close()
+}
+
+// TestWatchStopsWithoutVerdictOnData: pipelined bytes end the watch without
+// calling the client gone.
+func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	server, err := ln.Accept()
+	require.NoError(t, err)
+	defer server.Close()
+
+	gone := make(chan struct{}, 1)
+	stop := watchClient(server, func() { gone <- struct{}{} })
+	_, err = client.Write([]byte("GET / HTTP/1.1\r\n"))
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	stop()
+	select {
+	case <-gone:
+		t.Fatal("data was taken for a disconnect")
+	default:
+	}
+	// The peeked bytes are still there for the server to read.
+	buf := make([]byte, 64)
+	require.NoError(t, server.SetReadDeadline(time.Now().Add(time.Second)))
+	n, err := server.Read(buf)
+	require.NoError(t, err)
+	require.Equal(t, "GET / HTTP/1.1\r\n", string(buf[:n]))
+
+	stop = watchClient(server, func() { gone <- struct{}{} })
+	client.Close()
+	select {
+	case <-gone:
+	case <-time.After(time.Second):
+		t.Fatal("EOF not reported")
+	}
+	stop()
+}
