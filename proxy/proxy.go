@@ -5,6 +5,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -119,7 +120,37 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultDate:                 true,
 		NoDefaultContentType:          true,
 		CloseOnShutdown:               true,
+		Logger:                        serverLog{p.log},
 	}
+}
+
+// serverLog takes fasthttp's own log lines. Their arguments can hold the
+// raw bytes of a bad request, headers and API keys included, so only the
+// format string is kept, at debug level.
+type serverLog struct{ log *zap.Logger }
+
+func (l serverLog) Printf(format string, _ ...any) {
+	l.log.Debug("fasthttp", zap.String("event", format))
+}
+
+// ambiguousFraming reports a request with both Transfer-Encoding and
+// Content-Length. fasthttp lets Transfer-Encoding win and closes the
+// connection afterwards (RFC 9112 §6.3 allows that), but a request framed
+// two ways is a smuggling shape, and Envoy and Go reject it: so do we,
+// before anything reaches the upstream.
+func ambiguousFraming(h *fasthttp.RequestHeader) bool {
+	if h.ContentLength() != -1 { // not chunked
+		return false
+	}
+	raw := h.RawHeaders()
+	for len(raw) > 0 {
+		var line []byte
+		line, raw, _ = bytes.Cut(raw, []byte("\n"))
+		if len(line) > len("content-length:") && bytes.EqualFold(line[:len("content-length:")], []byte("content-length:")) {
+			return true
+		}
+	}
+	return false
 }
 
 // Handle serves one request: read it, forward it, hand the response body to
@@ -134,6 +165,11 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	tr.Method = methodOf(ctx.Method())
 	p.inflight.Add(1)
 
+	if ambiguousFraming(&ctx.Request.Header) {
+		r.fail(SideClient, ErrBadRequest)
+		p.answerError(ctx, r, fasthttp.StatusBadRequest)
+		return
+	}
 	if status, kind := p.buildRequest(ctx, &r.req); status != 0 {
 		r.fail(SideClient, kind)
 		p.answerError(ctx, r, status)
