@@ -1,0 +1,26 @@
+package proxy
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if a test leaves goroutines behind: every
+// relay, watcher and upstream client goroutine must have an owner that
+// stops it.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// httptest servers' and net/http clients' idle keep-alive
+		// connections outlive a test by design.
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		// fasthttp's own housekeepers sleep out their period (10 s) after
+		// Shutdown or the last connection closes, then exit.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		// Process-wide singletons started once by fasthttp.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+	)
+}
