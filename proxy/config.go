@@ -83,6 +83,11 @@ type Config struct {
 	// counts come from the engine, and removes the extra usage-only event
 	// from what the client receives.
 	InjectUsage bool
+	// RetryWindow is how long after an attempt the same body from the same
+	// client counts as a retry. 0 means retry.DefaultWindow (10 min).
+	RetryWindow time.Duration
+	// RetryMaxBytes caps the retry tracker's memory. 0 means retry.DefaultMaxBytes.
+	RetryMaxBytes int64
 	// MaxCaptureBytes bounds how much of a non-stream JSON response is kept
 	// to read its usage. 0 means DefaultMaxCaptureBytes.
 	MaxCaptureBytes int

@@ -72,6 +72,30 @@ func TestHopByHopHeadersStrippedBothWays(t *testing.T) {
 	require.Equal(t, "kept", resp.Header.Get("X-End-To-End"))
 }
 
+// TestLowercaseHopHeadersStripped: HTTP/1.1 clients such as Node's undici
+// send lower-case names; header names are matched case-insensitively.
+func TestLowercaseHopHeadersStripped(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		w.Header()["connection"] = []string{"x-up-hop"}
+		w.Header()["x-up-hop"] = []string{"1"}
+		w.Header()["x-queue-time"] = []string{"7"}
+		w.WriteHeader(http.StatusOK)
+	})
+	base, _ := startProxy(t, Config{Upstream: up.URL}, newTraceLog())
+	resp := rawExchange(t, base, "GET /v1/models HTTP/1.1\r\nhost: x\r\n"+
+		"connection: keep-alive, x-client-hop\r\nx-client-hop: 1\r\nkeep-alive: timeout=5\r\n"+
+		"proxy-authorization: Basic Zm9v\r\nx-forwarded-for: 10.0.0.1\r\n\r\n")
+	defer resp.Body.Close()
+	got := <-seen
+	for _, h := range []string{"X-Client-Hop", "Keep-Alive", "Proxy-Authorization"} {
+		require.Empty(t, got.Get(h), "request header %s crossed the proxy", h)
+	}
+	require.Equal(t, "10.0.0.1, 127.0.0.1", got.Get("X-Forwarded-For"))
+	require.Empty(t, resp.Header.Get("X-Up-Hop"))
+}
+
 func TestPreserveHostAndNoForwardedFor(t *testing.T) {
 	seen := make(chan *http.Request, 1)
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {

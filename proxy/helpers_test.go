@@ -19,6 +19,7 @@ type traceLog struct {
 	relays int
 	gaps   []time.Duration
 	done   chan struct{} // receives one value per Record
+	read   int           // traces returned by next
 }
 
 func newTraceLog() *traceLog { return &traceLog{done: make(chan struct{}, 1024)} }
@@ -42,7 +43,7 @@ func (l *traceLog) ObserveGap(d time.Duration) {
 	l.mu.Unlock()
 }
 
-// next waits for the next recorded Trace.
+// next waits for the next recorded Trace, in the order they were recorded.
 func (l *traceLog) next(t *testing.T) Trace {
 	t.Helper()
 	select {
@@ -52,7 +53,8 @@ func (l *traceLog) next(t *testing.T) Trace {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.traces[len(l.traces)-1]
+	l.read++
+	return l.traces[l.read-1]
 }
 
 // startProxy serves a Proxy for cfg on a loopback port and returns its base URL.

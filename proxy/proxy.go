@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/anvilproxy/anvilproxy/proxy/retry"
 	"github.com/anvilproxy/anvilproxy/sse"
 )
 
@@ -53,6 +54,7 @@ type Proxy struct {
 	rec    Recorder
 	models *modelSet
 	limit  *limiter // nil without --max-inflight
+	retry  *retry.Tracker
 
 	nextID   atomic.Uint64
 	inflight atomic.Int64 // requests being served, from headers read to trace emitted
@@ -82,6 +84,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		rec:    rec,
 		models: newModelSet(cfg.Models, cfg.MaxModels),
 		limit:  newLimiter(cfg.MaxInflight, cfg.MaxQueue, cfg.MaxQueueWait),
+		retry:  retry.New(retry.Config{Window: cfg.RetryWindow, MaxBytes: cfg.RetryMaxBytes}),
 	}
 	p.relays.New = func() any {
 		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
@@ -93,6 +96,9 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	}
 	return p, nil
 }
+
+// Retries returns the tracker of client retries, for its aggregates.
+func (p *Proxy) Retries() *retry.Tracker { return p.retry }
 
 // Inflight returns the number of requests being served.
 func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
@@ -106,21 +112,20 @@ func (p *Proxy) UpstreamConns() int { return p.pool.conns() }
 // deadlines instead.
 func (p *Proxy) Server() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:                       p.Handle,
-		ErrorHandler:                  p.handleReadError,
-		Name:                          "anvilproxy",
-		ReadTimeout:                   p.cfg.ReadTimeout,
-		IdleTimeout:                   2 * time.Minute,
-		ReadBufferSize:                p.cfg.MaxHeaderBytes,
-		MaxRequestBodySize:            p.cfg.MaxBodyBytes,
-		StreamRequestBody:             true, // so that t_recv is taken when the headers are in
-		DisableHeaderNamesNormalizing: true,
-		DisablePreParseMultipartForm:  true,
-		NoDefaultServerHeader:         true,
-		NoDefaultDate:                 true,
-		NoDefaultContentType:          true,
-		CloseOnShutdown:               true,
-		Logger:                        serverLog{p.log},
+		Handler:                      p.Handle,
+		ErrorHandler:                 p.handleReadError,
+		Name:                         "anvilproxy",
+		ReadTimeout:                  p.cfg.ReadTimeout,
+		IdleTimeout:                  2 * time.Minute,
+		ReadBufferSize:               p.cfg.MaxHeaderBytes,
+		MaxRequestBodySize:           p.cfg.MaxBodyBytes,
+		StreamRequestBody:            true, // so that t_recv is taken when the headers are in
+		DisablePreParseMultipartForm: true,
+		NoDefaultServerHeader:        true,
+		NoDefaultDate:                true,
+		NoDefaultContentType:         true,
+		CloseOnShutdown:              true,
+		Logger:                       serverLog{p.log},
 	}
 }
 
@@ -177,6 +182,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
 	r.watch(ctx)
+	if tr.Route.Protocol() != sse.ProtocolUnknown {
+		p.beginAttempt(ctx, r)
+	}
 	if p.cfg.InjectUsage && (tr.Route == RouteChat || tr.Route == RouteCompletions) {
 		if body, ok := injectIncludeUsage(r.req.Body()); ok {
 			r.req.SetBody(body)
@@ -246,6 +254,42 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	ctx.Response.SetBodyStream(r, size)
 }
 
+// beginAttempt links the request to the client's earlier attempts at the
+// same body (DESIGN.md §6). The client is known by a keyed hash of its
+// credentials, address and User-Agent; none of them is kept.
+func (p *Proxy) beginAttempt(ctx *fasthttp.RequestCtx, r *relay) {
+	h := &ctx.Request.Header
+	r.tr.Retry = p.retry.Begin(retry.Request{
+		Auth:        h.Peek("Authorization"),
+		APIKey:      h.Peek("X-Api-Key"),
+		RemoteIP:    ctx.RemoteIP(),
+		UserAgent:   h.UserAgent(),
+		Body:        r.req.Body(),
+		RetryHeader: retry.ParseRetryCount(h.Peek(retry.HeaderRetryCount)),
+		Start:       r.tr.Recv,
+	})
+	r.attempt = true
+}
+
+// endAttempt tells the retry tracker how the attempt ended.
+func (p *Proxy) endAttempt(tr *Trace) {
+	end := tr.ClientDone
+	if end.IsZero() {
+		end = tr.End
+	}
+	out, _ := tr.OutputTokens()
+	p.retry.End(&tr.Retry, retry.Outcome{
+		Status:           tr.Status,
+		UpstreamTimeout:  tr.ErrKind == ErrUpstreamTimeout,
+		UpstreamError:    tr.ErrKind == ErrConnect || tr.ErrKind == ErrUpstreamBroken,
+		ClientAbort:      tr.ErrKind == ErrClientGone,
+		FirstTokenSeen:   !tr.FirstOutput.IsZero(),
+		PromptTokens:     tr.PromptTokens,
+		CompletionTokens: out,
+		End:              end,
+	})
+}
+
 // admit passes the request through the limiter, if any, and counts it as
 // in flight upstream. It returns false, with tr.Status set, when refused.
 func (p *Proxy) admit(r *relay) bool {
@@ -276,7 +320,6 @@ func (p *Proxy) admit(r *relay) bool {
 // status when the request must be refused.
 func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request) (int, ErrKind) {
 	ctx.Request.Header.CopyTo(&req.Header)
-	req.Header.DisableNormalizing()
 	req.Header.SetNoDefaultContentType(true)
 	uri := ctx.Request.Header.RequestURI()
 	if p.up.prefix != "" {
@@ -379,6 +422,9 @@ func (p *Proxy) finish(r *relay) {
 	}
 	p.readUsage(r)
 	tr.Model = p.models.label(requestModel(r.req.Body()))
+	if r.attempt {
+		p.endAttempt(tr)
+	}
 	p.rec.Record(tr)
 	p.logTrace(tr)
 	if r.limited {
@@ -454,7 +500,7 @@ func (r *relay) reset() {
 	}
 	r.atEOF, r.sawEnd = false, false
 	r.inject, r.hold, r.holdOff, r.out = false, r.hold[:0], 0, r.out[:0]
-	r.limited, r.admitted = false, false
+	r.limited, r.admitted, r.attempt = false, false, false
 	r.slot.Store(nil)
 	r.stopWatch, r.left, r.gone = nil, nil, atomic.Bool{}
 	r.tr = Trace{}

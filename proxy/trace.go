@@ -1,6 +1,10 @@
 package proxy
 
-import "time"
+import (
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy/retry"
+)
 
 // Side says which end of the proxy an error came from.
 type Side uint8
@@ -110,4 +114,8 @@ type Trace struct {
 	// Engine-reported timing (vLLM metrics, llama.cpp timings, TGI x-queue-time); negative when absent.
 	ServerQueue   time.Duration
 	ServerPrefill time.Duration
+
+	// Retry links this attempt to the client's earlier attempts at the
+	// same request (DESIGN.md §6); zero for routes that are not inference.
+	Retry retry.Result
 }

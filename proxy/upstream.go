@@ -94,16 +94,15 @@ func (p *pool) conns() int {
 func (p *pool) newSlot() *slot {
 	s := &slot{}
 	s.hc = &fasthttp.HostClient{
-		Addr:                          p.up.addr,
-		IsTLS:                         p.up.tls,
-		Dial:                          func(addr string) (net.Conn, error) { return s.dial(addr, p.cfg) },
-		StreamResponseBody:            true,
-		MaxConns:                      1,
-		MaxIdemponentCallAttempts:     1, // a transparent proxy never re-sends on its own
-		ReadBufferSize:                p.cfg.MaxHeaderBytes,
-		NoDefaultUserAgentHeader:      true,
-		DisableHeaderNamesNormalizing: true,
-		DisablePathNormalizing:        true,
+		Addr:                      p.up.addr,
+		IsTLS:                     p.up.tls,
+		Dial:                      func(addr string) (net.Conn, error) { return s.dial(addr, p.cfg) },
+		StreamResponseBody:        true,
+		MaxConns:                  1,
+		MaxIdemponentCallAttempts: 1, // a transparent proxy never re-sends on its own
+		ReadBufferSize:            p.cfg.MaxHeaderBytes,
+		NoDefaultUserAgentHeader:  true,
+		DisablePathNormalizing:    true,
 	}
 	if p.up.tls {
 		s.hc.TLSConfig = &tls.Config{InsecureSkipVerify: p.cfg.InsecureSkipVerify} //nolint:gosec // opt-in flag
