@@ -165,6 +165,13 @@ type Request struct {
 	ToolChunks      int   `json:"tool_chunks"`
 	ReqBytes        int64 `json:"request_bytes"`
 	RespBytes       int64 `json:"response_bytes"`
+
+	// PrefixReuse (reusable prompt-prefix bytes / prompt bytes, DESIGN.md
+	// §5) and RetryAttempt (0 for a first attempt, DESIGN.md §6) are null
+	// until prefix and retry tracking fill them; v1 snapshots carry them
+	// per request.
+	PrefixReuse  Float `json:"prefix_reuse"`
+	RetryAttempt Count `json:"retry_attempt"`
 }
 
 // newRequest fills rq from tr and its split. Index and Good are set under
@@ -197,6 +204,8 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		ToolChunks:      tr.ToolEvents,
 		ReqBytes:        tr.ReqBytes,
 		RespBytes:       tr.RespBytes,
+		PrefixReuse:     Float(math.NaN()),
+		RetryAttempt:    -1,
 	}
 	if tr.ErrKind != proxy.ErrNone {
 		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()

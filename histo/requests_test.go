@@ -78,6 +78,7 @@ func TestRequestJSONRoundTrip(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &got))
 	require.True(t, math.IsNaN(float64(got.PrefillRate)))
 	got.PrefillRate, want.PrefillRate = 0, 0 // NaN != NaN
+	got.PrefixReuse, want.PrefixReuse = 0, 0
 	require.Equal(t, want, got)
 }
 

@@ -1,5 +1,5 @@
 // Command anvilproxy is a transparent measuring reverse proxy for LLM
-// inference servers. Subcommands: serve (the default) and sim.
+// inference servers. Subcommands: serve (the default), sim and report.
 //
 // Flags are parsed here and only here; the packages take plain Config structs.
 package main
@@ -21,6 +21,7 @@ const usage = `anvilproxy — a transparent measuring reverse proxy for LLM infe
 Usage:
   anvilproxy [serve] [flags]   run the proxy (the default subcommand)
   anvilproxy sim [flags]       run the simulated inference server
+  anvilproxy report FILE...    merge v1 snapshots and print where the time goes
   anvilproxy help              show this help
 
 Run "anvilproxy <command> --help" for the flags of a command.
@@ -42,6 +43,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runServe(args, stderr)
 	case "sim":
 		err = runSim(args, stderr)
+	case "report":
+		err = runReport(args, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0

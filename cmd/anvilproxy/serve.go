@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/anvilproxy/anvilproxy/histo"
-
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
@@ -34,11 +34,11 @@ type serveFlags struct {
 	upstream      string
 	logLevel      string
 	shutdownGrace time.Duration
-	window        time.Duration
 	models        string
 	slos          sloFlag
 	cfg           proxy.Config
 	histo         histo.Config
+	snapshot      snapshot.Config
 }
 
 // sloFlag collects repeated --slo metric=duration flags.
@@ -65,8 +65,11 @@ func (f *sloFlag) Set(v string) error {
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
-	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: /metrics, /requests, /healthz (separate from --listen so no upstream path is shadowed); empty disables it")
-	fs.DurationVar(&f.window, "snapshot-interval", 60*time.Second, "length of a measurement window (rolling goodput, snapshots)")
+	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: /metrics, /snapshot, /requests, /healthz (separate from --listen so no upstream path is shadowed); empty disables it")
+	fs.DurationVar(&f.snapshot.Interval, "snapshot-interval", snapshot.DefaultInterval, "length of a measurement window (rolling goodput; one snapshot file per window with --snapshot-dir)")
+	fs.StringVar(&f.snapshot.Dir, "snapshot-dir", "", "directory for one anvil-serving.benchmark/v1 snapshot file per window, written atomically (one proxy per directory); empty writes none")
+	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
+	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
 	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 4, "the upstream engine's concurrent sequences; requests admitted below it teach the prefill-rate model")
 	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server base URL, http(s)://host:port[/prefix]; "sim" starts the simulated engine in-process on a loopback port`)
@@ -131,6 +134,10 @@ func runServe(args []string, stderr io.Writer) error {
 	if p, err = proxy.New(f.cfg, log, rec); err != nil {
 		return err
 	}
+	snaps, err := snapshot.NewWriter(f.snapshot, rec, reg, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
@@ -142,10 +149,29 @@ func runServe(args []string, stderr io.Writer) error {
 		}
 		defer stop()
 	}
-	stopWindows := rotateWindows(rec, f.window)
-	defer stopWindows()
-	log.Info("anvilproxy serving", zap.String("listen", ln.Addr().String()), zap.String("upstream", f.cfg.Upstream), zap.String("admin", f.adminListen))
-	return serveUntilSignal(p, ln, f.shutdownGrace, log)
+	snaps.Start()
+	log.Info("anvilproxy serving", zap.String("listen", ln.Addr().String()), zap.String("upstream", f.cfg.Upstream),
+		zap.String("admin", f.adminListen), zap.String("snapshot_dir", f.snapshot.Dir))
+	err = serveUntilSignal(p, ln, f.shutdownGrace, log)
+	// The proxy has drained: the last window is whole.
+	ctx, cancel := context.WithTimeout(context.Background(), finalSnapshotTimeout)
+	defer cancel()
+	if cerr := snaps.Close(ctx); cerr != nil {
+		log.Error("final snapshot", zap.Error(cerr))
+	}
+	return err
+}
+
+// finalSnapshotTimeout bounds the wait for the final snapshot at shutdown,
+// so that a hung disk cannot hold the process.
+const finalSnapshotTimeout = 10 * time.Second
+
+// adminMux routes the admin endpoints: the Recorder's, and /snapshot.
+func adminMux(rec *histo.Recorder) *http.ServeMux {
+	mux := http.NewServeMux()
+	rec.Register(mux)
+	mux.Handle("GET /snapshot", snapshot.Handler(rec))
+	return mux
 }
 
 // startAdmin serves the admin endpoints on their own listener.
@@ -154,9 +180,7 @@ func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (stop func(),
 	if err != nil {
 		return nil, fmt.Errorf("admin listener: %w", err)
 	}
-	mux := http.NewServeMux()
-	rec.Register(mux)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: adminMux(rec), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin listener stopped", zap.Error(err))
@@ -164,23 +188,6 @@ func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (stop func(),
 	}()
 	log.Info("admin listening", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"))
 	return func() { hs.Close() }, nil
-}
-
-// rotateWindows ends a measurement window every interval.
-func rotateWindows(rec *histo.Recorder, every time.Duration) (stop func()) {
-	t := time.NewTicker(every)
-	done := make(chan struct{})
-	go func() {
-		for {
-			select {
-			case <-t.C:
-				rec.Rotate()
-			case <-done:
-				return
-			}
-		}
-	}()
-	return func() { t.Stop(); close(done) }
 }
 
 // serveUntilSignal serves until SIGTERM or SIGINT, then drains in-flight

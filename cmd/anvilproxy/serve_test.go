@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
+	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
+)
+
+// stack is serve's wiring on loopback ports: the simulated engine, the
+// proxy, its Recorder, the snapshot Writer and the admin endpoints.
+type stack struct {
+	proxyURL, adminURL string
+	reg                *prometheus.Registry
+	rec                *histo.Recorder
+	snaps              *snapshot.Writer
+}
+
+func startStack(t *testing.T, cfg snapshot.Config) *stack {
+	t.Helper()
+	s, err := sim.New(sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 5000})
+	require.NoError(t, err)
+	engine := httptest.NewServer(s)
+	t.Cleanup(engine.Close)
+
+	st := &stack{reg: prometheus.NewRegistry()}
+	st.rec, err = histo.New(histo.Config{SLOs: []histo.SLO{{Metric: "ttft", Threshold: time.Second}}}, st.reg)
+	require.NoError(t, err)
+	p, err := proxy.New(proxy.Config{Upstream: engine.URL}, zap.NewNop(), st.rec)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := p.Server()
+	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	st.proxyURL = "http://" + ln.Addr().String()
+
+	st.snaps, err = snapshot.NewWriter(cfg, st.rec, st.reg, zap.NewNop())
+	require.NoError(t, err)
+	admin := httptest.NewServer(adminMux(st.rec))
+	t.Cleanup(admin.Close)
+	st.adminURL = admin.URL
+	st.snaps.Start()
+	return st
+}
+
+// chat sends one streamed chat request through the proxy and checks that
+// it was served whole.
+func (st *stack) chat(t *testing.T) {
+	t.Helper()
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":20,` +
+		`"messages":[{"role":"user","content":"` + strings.Repeat("word ", 100) + `"}]}`
+	resp, err := http.Post(st.proxyURL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.True(t, strings.HasSuffix(string(raw), "data: [DONE]\n\n"))
+}
+
+func (st *stack) counter(t *testing.T, name string) float64 {
+	t.Helper()
+	mfs, err := st.reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestSnapshotsAgainstSim: /snapshot serves the window in progress; the
+// final snapshot at shutdown is a file that report reads.
+func TestSnapshotsAgainstSim(t *testing.T) {
+	dir := t.TempDir()
+	st := startStack(t, snapshot.Config{Dir: dir, Interval: time.Hour})
+	for range 3 {
+		st.chat(t)
+	}
+	resp, err := http.Get(st.adminURL + "/snapshot")
+	require.NoError(t, err)
+	raw, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	doc, err := snapshot.Decode(raw)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), doc.Completed)
+	require.Equal(t, "m", *doc.Model)
+	require.Equal(t, 3.0, doc.Metrics["ttft_samples"], "a read document holds JSON numbers")
+
+	require.NoError(t, st.snaps.Close(context.Background()))
+	files, err := filepath.Glob(filepath.Join(dir, "anvilproxy-*.json"))
+	require.NoError(t, err)
+	require.Len(t, files, 1)
+	code, out, errOut := runCmd("report", files[0])
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "3 requests: 3 completed, 0 failed")
+	require.Contains(t, out, "ttft <= 1s")
+}
+
+// TestSnapshotDiskGone: the snapshot directory disappears under a running
+// proxy. Every request is still served, the errors are counted, and
+// windows keep rotating.
+func TestSnapshotDiskGone(t *testing.T) {
+	dir := t.TempDir()
+	st := startStack(t, snapshot.Config{Dir: dir, Interval: 20 * time.Millisecond})
+	require.NoError(t, os.RemoveAll(dir))
+	deadline := time.Now().Add(10 * time.Second)
+	for st.counter(t, "anvilproxy_snapshot_errors_total") < 2 {
+		require.True(t, time.Now().Before(deadline), "no snapshot error counted")
+		st.chat(t)
+	}
+	require.Zero(t, st.counter(t, "anvilproxy_snapshots_written_total"))
+	require.NoError(t, st.snaps.Close(context.Background()))
+}

@@ -1,0 +1,312 @@
+package snapshot
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+)
+
+// Extension is a v1 document's "anvilproxy" object: what the proxy measures
+// beyond the benchmark's keys, and the HDR histograms that make windows and
+// replicas merge exactly. Fields are in the order of their JSON keys.
+type Extension struct {
+	// Clamped counts, per metric, the values recorded at the end of the HDR
+	// range because they fell outside it.
+	Clamped map[string]int64 `json:"clamped"`
+	// Distributions are the phases the benchmark has no metrics key for:
+	// queue_ms, prefill_ms, reasoning_ms and connect_ms over successful
+	// requests (exact or HDR as PercentileSource says), and the per-event
+	// inter_event_ms and proxy_overhead_ms (always from the HDR histograms).
+	Distributions map[string]Stats `json:"distributions"`
+	// DroppedRecords counts requests beyond the window's record cap: they
+	// are in the histograms, counts and goodput but not in request_timings
+	// or failures.
+	DroppedRecords int64 `json:"dropped_records"`
+	// Goodput is against the SLOs configured with --slo, with the
+	// goodput-vs-budget curve of each.
+	Goodput histo.Goodput `json:"goodput"`
+	// Histograms holds every latency, rate and token histogram in the
+	// HdrHistogram V2 compressed encoding, base64, keyed by histo.Metric name.
+	Histograms map[string]Histogram `json:"histograms"`
+	// MaxInflightObserved is the most requests the proxy had in flight
+	// upstream at once, as seen at admission (the benchmark's "concurrency"
+	// is a setting the proxy does not have).
+	MaxInflightObserved histo.Count `json:"max_inflight_observed"`
+	// Models counts requests (failed included) per model label.
+	Models map[string]int64 `json:"models"`
+	// Notes are caveats a reader must know, in words.
+	Notes []string `json:"notes"`
+	// PercentileSource is "exact" when the statistics come from every
+	// request's record, "hdr" when records were dropped and they come from
+	// the HDR histograms (values within 0.1%).
+	PercentileSource string `json:"percentile_source"`
+	// PrefixCacheHitSamples is the number of requests behind
+	// metrics.prefix_cache_hit_avg, so that the average merges exactly.
+	PrefixCacheHitSamples int64 `json:"prefix_cache_hit_samples"`
+	// PrefillRateModel is the learned prefill rate behind queue_source
+	// "model" when the window ended.
+	PrefillRateModel PrefillModel `json:"prefill_rate_model"`
+	// Prefix and Retry are null until prefix-drift tracking (DESIGN.md §5)
+	// and retry tracking (§6) fill them.
+	Prefix json.RawMessage `json:"prefix"`
+	// QueueSplit is the queue/prefill split by source (DESIGN.md §3):
+	// requests per source, failed and dropped included, and the queue and
+	// prefill distributions of the successful requests with a record.
+	QueueSplit map[string]SourceSplit `json:"queue_split"`
+	Retry      json.RawMessage        `json:"retry"`
+	// The measurement window (or, merged, the span of the windows).
+	WindowEnd         string `json:"window_end"` // RFC 3339, nanoseconds, UTC
+	WindowEndUnixNs   int64  `json:"window_end_unix_ns"`
+	WindowStart       string `json:"window_start"`
+	WindowStartUnixNs int64  `json:"window_start_unix_ns"`
+	// Windows is the number of windows merged into the document: 1 for a
+	// file the proxy wrote.
+	Windows int64 `json:"windows"`
+}
+
+// Histogram is one HDR histogram of Extension.Histograms.
+type Histogram struct {
+	HDR  string `json:"hdr"`  // V2 compressed encoding, base64
+	Unit string `json:"unit"` // histo.Unit: "us", "mtok/s" or "tokens"
+}
+
+// SourceSplit is the queue/prefill split of the requests of one
+// histo.QueueSource.
+type SourceSplit struct {
+	PrefillMs Stats `json:"prefill_ms"`
+	QueueMs   Stats `json:"queue_ms"`
+	Requests  int64 `json:"requests"`
+}
+
+// PrefillModel is the state of the proxy's prefill-rate model.
+type PrefillModel struct {
+	Ready      bool `json:"ready"`        // enough samples for queue_source "model"
+	Samples    int  `json:"samples"`      // samples the median rests on
+	TokensPerS Num  `json:"tokens_per_s"` // uncached prompt tokens per second; null until Ready
+}
+
+// Stats is a distribution's summary, in the v1 statistics: mean, sample
+// standard deviation, normal-approximation 95% confidence interval of the
+// mean, min, nearest-rank percentiles and max. A statistic that the sample
+// does not define (none without samples; stddev and the interval with fewer
+// than two) is null.
+type Stats struct {
+	CI95High Num   `json:"ci95_high"`
+	CI95Low  Num   `json:"ci95_low"`
+	Max      Num   `json:"max"`
+	Mean     Num   `json:"mean"`
+	Min      Num   `json:"min"`
+	P25      Num   `json:"p25"`
+	P50      Num   `json:"p50"`
+	P75      Num   `json:"p75"`
+	P90      Num   `json:"p90"`
+	P95      Num   `json:"p95"`
+	P99      Num   `json:"p99"`
+	Samples  int64 `json:"samples"`
+	Stddev   Num   `json:"stddev"`
+}
+
+// phases are the extension's distributions, keyed as in the document.
+var phases = [...]struct {
+	key    string
+	metric histo.Metric
+}{
+	{"queue_ms", histo.MetricQueue},
+	{"prefill_ms", histo.MetricPrefill},
+	{"reasoning_ms", histo.MetricReasoning},
+	{"connect_ms", histo.MetricConnect},
+	{"inter_event_ms", histo.MetricInterEvent},
+	{"proxy_overhead_ms", histo.MetricOverhead},
+}
+
+// extension is the anvilproxy object.
+func (pop *population) extension(doc *Document) (*Extension, error) {
+	ext := &Extension{
+		Clamped:             make(map[string]int64, histo.NumMetrics),
+		Distributions:       make(map[string]Stats, len(phases)),
+		Histograms:          make(map[string]Histogram, histo.NumMetrics),
+		Models:              pop.models(),
+		MaxInflightObserved: -1,
+		PercentileSource:    "exact",
+		PrefillRateModel:    PrefillModel{TokensPerS: nan},
+		QueueSplit:          pop.queueSplit(),
+		WindowStart:         time.Unix(0, doc.StartedAtUnixNs).UTC().Format(time.RFC3339Nano),
+		WindowStartUnixNs:   doc.StartedAtUnixNs,
+		WindowEnd:           time.Unix(0, doc.FinishedAtUnixNs).UTC().Format(time.RFC3339Nano),
+		WindowEndUnixNs:     doc.FinishedAtUnixNs,
+		Notes:               []string{},
+	}
+	if !pop.exact {
+		ext.PercentileSource = "hdr"
+	}
+	_, ext.PrefixCacheHitSamples = pop.cacheHits()
+	for _, ph := range phases {
+		ext.Distributions[ph.key] = pop.stats(ph.metric, func(t *Timing) Num { return metricValue(t, ph.metric) })
+	}
+	for m, h := range pop.hist {
+		enc, err := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: encoding %s: %w", histo.Metric(m), err)
+		}
+		ext.Histograms[histo.Metric(m).String()] = Histogram{HDR: string(enc), Unit: histo.Metric(m).Unit().String()}
+		ext.Clamped[histo.Metric(m).String()] = 0
+	}
+	var latest int64
+	for _, p := range pop.parts {
+		for k, n := range p.clamped {
+			ext.Clamped[k] += n
+		}
+		ext.DroppedRecords += p.dropped
+		ext.MaxInflightObserved = max(ext.MaxInflightObserved, p.maxInflight)
+		ext.Windows += p.windows
+		if p.prefill != nil && p.end >= latest {
+			ext.PrefillRateModel, latest = *p.prefill, p.end
+		}
+	}
+	ext.Goodput = pop.goodput(ext)
+	ext.Notes = dedupe(append(ext.Notes, pop.notes(ext)...))
+	return ext, nil
+}
+
+// queueSplit is requests per queue source and, over the successful
+// requests with a record, their queue and prefill distributions.
+func (pop *population) queueSplit() map[string]SourceSplit {
+	requests := make(map[string]int64)
+	for _, s := range []histo.QueueSource{histo.SourceServer, histo.SourceLimiter, histo.SourceModel, histo.SourceNone} {
+		requests[string(s)] = 0
+	}
+	for _, p := range pop.parts {
+		for s, n := range p.queueSources {
+			requests[s] += n
+		}
+	}
+	out := make(map[string]SourceSplit, len(requests))
+	for s, n := range requests {
+		var mine []Timing
+		for _, t := range pop.timings {
+			if sourceOf(&t) == s {
+				mine = append(mine, t)
+			}
+		}
+		out[s] = SourceSplit{
+			Requests:  n,
+			QueueMs:   exactStats(values(mine, func(t *Timing) Num { return t.QueueMs })),
+			PrefillMs: exactStats(values(mine, func(t *Timing) Num { return t.PrefillMs })),
+		}
+	}
+	return out
+}
+
+// sourceOf is t's queue source; a file without one has "none".
+func sourceOf(t *Timing) string {
+	if t.QueueSource == nil {
+		return string(histo.SourceNone)
+	}
+	return *t.QueueSource
+}
+
+// goodput sums the inputs' goodput when they were judged against the same
+// SLOs; otherwise (or when an input carries none, as a benchmark file)
+// goodput is the share of requests that did not fail, without curves.
+func (pop *population) goodput(ext *Extension) histo.Goodput {
+	var g histo.Goodput
+	same := true
+	for i, p := range pop.parts {
+		if p.goodput == nil || (i > 0 && !sameSLOs(p.goodput.Curves, pop.parts[0].goodput.Curves)) {
+			same = false
+			break
+		}
+	}
+	if same {
+		g.Curves = cloneCurves(pop.parts[0].goodput.Curves)
+		for _, p := range pop.parts {
+			g.Requests += p.goodput.Requests
+			g.Failed += p.goodput.Failed
+			g.Good += p.goodput.Good
+			for c, pc := range p.goodput.Curves {
+				g.Curves[c].Met += pc.Met
+				for k := range pc.Points {
+					g.Curves[c].Points[k].Met += pc.Points[k].Met
+				}
+			}
+		}
+	} else {
+		for _, p := range pop.parts {
+			g.Requests += p.requests
+			g.Failed += p.failed
+		}
+		g.Good = g.Requests - g.Failed
+		g.Curves = []histo.Curve{}
+		ext.Notes = append(ext.Notes, "goodput is the share of requests that did not fail: not every input carries goodput against the same SLOs")
+	}
+	g.Ratio = ratio(g.Good, g.Requests)
+	for c := range g.Curves {
+		g.Curves[c].Ratio = ratio(g.Curves[c].Met, g.Requests)
+		for k := range g.Curves[c].Points {
+			g.Curves[c].Points[k].Share = ratio(g.Curves[c].Points[k].Met, g.Requests)
+		}
+	}
+	return g
+}
+
+// ratio is n/d, unknown without requests.
+func ratio(n, d int64) histo.Float {
+	if d == 0 {
+		return histo.Float(nan)
+	}
+	return histo.Float(float64(n) / float64(d))
+}
+
+// sameSLOs reports whether two goodput curve sets judge the same SLOs.
+func sameSLOs(a, b []histo.Curve) bool {
+	return slices.EqualFunc(a, b, func(x, y histo.Curve) bool {
+		return x.Metric == y.Metric && x.Threshold == y.Threshold && len(x.Points) == len(y.Points)
+	})
+}
+
+// cloneCurves copies cs with every count zeroed.
+func cloneCurves(cs []histo.Curve) []histo.Curve {
+	out := slices.Clone(cs)
+	for i := range out {
+		out[i].Met = 0
+		out[i].Points = slices.Clone(out[i].Points)
+		for k := range out[i].Points {
+			out[i].Points[k].Met = 0
+		}
+	}
+	if out == nil {
+		out = []histo.Curve{}
+	}
+	return out
+}
+
+// notes are the caveats of the merged document: its own and its inputs'.
+// They carry no numbers, so that a merge of merges states each once.
+func (pop *population) notes(ext *Extension) []string {
+	var out []string
+	if ext.DroppedRecords > 0 {
+		out = append(out, "request records were dropped at the window record cap (dropped_records): the distributions come from the HDR histograms (within 0.1%); request_timings, failures, token totals and the per-source queue split cover the kept records only")
+	}
+	for _, p := range pop.parts {
+		if p.rebuilt {
+			out = append(out, "an input carried no HDR histograms (a benchmark file): its histograms were rebuilt from its request_timings, and inter_event_ms and proxy_overhead_ms do not cover it")
+		}
+		out = append(out, p.notes...)
+	}
+	return out
+}
+
+// dedupe removes repeated strings, keeping the first of each.
+func dedupe(s []string) []string {
+	seen := make(map[string]bool, len(s))
+	return slices.DeleteFunc(s, func(n string) bool {
+		dup := seen[n]
+		seen[n] = true
+		return dup
+	})
+}

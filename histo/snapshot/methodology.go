@@ -1,0 +1,92 @@
+package snapshot
+
+import "encoding/json"
+
+// passiveNulls are the v1 keys that describe the benchmark client's own
+// controls or setup. A passive proxy has no such thing, so it writes them as
+// null rather than invent a value (DESIGN.md §8); the reasons go into every
+// document's timing_methodology.passive_nulls. Keys are top level, metrics.*
+// or request_timings[].*.
+var passiveNulls = [...]struct{ key, why string }{
+	{"base_url", "the upstream URL identifies the operator's deployment; the benchmark redacts it too"},
+	{"clock_domain_id", "no operator-supplied clock domain: timestamps are the proxy host's wall clock"},
+	{"concurrency", "a benchmark setting; passive traffic has none (anvilproxy.max_inflight_observed is what the proxy saw)"},
+	{"configuration_fingerprint", "fingerprints the benchmark's configuration"},
+	{"context_distribution", "the benchmark's planned context sizes; the proxy plans none"},
+	{"context_seed", "the benchmark's prompt-generation seed"},
+	{"context_tokens", "the benchmark's planned context size"},
+	{"controlled_output_policy", "the proxy never asks for a controlled output length"},
+	{"engine", "the engine's name is not visible to the proxy"},
+	{"gpu", "the GPU is not visible to the proxy"},
+	{"manifest", "the benchmark's run manifest"},
+	{"max_context_tokens", "the engine's context limit is not visible to the proxy"},
+	{"max_tokens", "each client sets its own limit per request"},
+	{"prompt_cache_mode", "the benchmark's prompt-uniqueness setting; the proxy measures cache hits instead (metrics.prefix_cache_hit_avg)"},
+	{"request_canaries", "canaries are markers the benchmark injects; the proxy never changes a request"},
+	{"response_words", "the benchmark's controlled output length"},
+	{"sampling", "sampling parameters are the clients'; the proxy does not parse them"},
+	{"serve_flags", "the engine's flags are not visible to the proxy"},
+	{"shared_prefix_tokens", "a benchmark setting; prefix reuse is measured per request (request_timings[].prefix_reuse)"},
+	{"source_recipe", "the benchmark's recipe"},
+	{"tier", "the benchmark's tier label"},
+	{"metrics.content_chunks_s", "not defined by the benchmark's files (null there as well)"},
+	{"metrics.controlled_output_exact_adherence", "no controlled output"},
+	{"metrics.controlled_output_exact_adherence_rate", "no controlled output"},
+	{"metrics.controlled_output_samples", "no controlled output"},
+	{"metrics.controlled_output_unobservable", "no controlled output"},
+	{"metrics.request_canary_passed", "no canaries"},
+	{"metrics.request_canary_samples", "no canaries"},
+	{"request_timings[].controlled_output", "no controlled output"},
+	{"request_timings[].planned_context_tokens", "the proxy plans no context"},
+	{"request_timings[].request_canary", "no canaries"},
+	{"request_timings[].visible_content_truncated", "the proxy captures no content"},
+}
+
+// methodology is the proxy's timing_methodology: its own definitions, in
+// the benchmark's keys where it has them (DESIGN.md §3).
+var methodology = map[string]string{
+	"artifact_timestamps":      "Unix nanoseconds from the proxy host's wall clock at the window's start and end and at each request's t_recv; independent artifacts may align them only as far as their hosts' clocks agree",
+	"clock":                    "proxy monotonic clock (Go time.Time monotonic readings); every phase is a difference of two proxy stamps: t_recv (request headers fully read from the client), t_admit (past the optional --max-inflight limiter; = t_recv without one), t_sent (request written upstream), t_headers, t_first_event, t_first_output, t_first_content, t_last_token, t_end (upstream stream finished: [DONE], message_stop or EOF), t_client_done (last byte written and flushed to the client)",
+	"connect":                  "time acquiring the upstream connection (a dial when a new one was needed)",
+	"controlled_output":        "not applicable: the proxy observes traffic passively and never asks for a controlled output length; the controlled_output keys are null",
+	"decode":                   "(completion tokens - 1) / generation, completion tokens from the stream's usage (else counted output events, output_token_source chunks); may include reasoning tokens",
+	"distributions":            "over successful requests only (failed requests are listed under failures): request-level mean, sample standard deviation, normal-approximation 95% confidence interval of the mean (mean +/- 1.96 sd / sqrt(n)), min, nearest-rank p25, p50, p75, p90, p95, p99 (rank ceil(p/100 * n)), and max; a statistic the sample does not define (stddev and interval below two samples) is null",
+	"e2e":                      "t_end - t_recv",
+	"effective_prefill":        "prompt tokens / time to first output; includes proxy queue, connect, engine queue, prefill and the first token",
+	"failures":                 "a request failed when it ended in an error on either side, with a status of 400 or more or none, or with a truncated stream; it keeps sanitized metadata and the timings known when it failed, never content",
+	"generation":               "t_end - t_first_output",
+	"hdr":                      "anvilproxy.histograms carries every phase as an HdrHistogram (3 significant digits, V2 compressed, base64) so that windows and replicas merge exactly; when a window dropped request records (anvilproxy.dropped_records > 0) its distributions come from these histograms (anvilproxy.percentile_source = hdr): percentiles are the highest value of the nearest-rank bucket, within 0.1%",
+	"mean_inter_token_latency": "legacy key for TPOT: generation / (completion tokens - 1), identical to tpot; not raw per-event gaps (those are anvilproxy.distributions.inter_event_ms)",
+	"p99":                      "numeric nearest-rank p99 is always given; it is descriptive only below 100 samples",
+	"prefill":                  "time to first output - queue - connect: prompt processing plus the first token",
+	"prefix_and_retry":         "anvilproxy.prefix, anvilproxy.retry and request_timings[].prefix_reuse and retry_attempt are null until prefix-drift and retry tracking report them",
+	"prefix_cache_hit":         "metrics.prefix_cache_hit_avg is the mean over successful requests of cached prompt tokens / prompt tokens, both from the engine's usage",
+	"proxy_queue":              "t_admit - t_recv: the wait in the proxy's own limiter",
+	"queue":                    "all waiting before prefill: the proxy limiter's wait plus the engine queue, from the best source (queue_source): server (the engine reported it), limiter (the proxy's limiter held the request; the engine queue is ~0), model (learned prefill rate: prefill = uncached prompt tokens / rate), none (unknown: queue_ms and prefill_ms are null, never 0)",
+	"reasoning":                "t_first_content - t_first_output when reasoning came first, else 0",
+	"request_canaries":         "not applicable: the proxy never changes a request; the request_canary keys are null",
+	"throughput":               "output tokens of successful requests / the wall-clock time the window covers (merged: the union of the windows); null when request records were dropped",
+	"time_to_first_output":     "t_first_output - t_recv: the first event with a non-empty reasoning, content or tool-call delta",
+	"tpot":                     "generation / (completion tokens - 1); identical to mean_inter_token_latency",
+	"ttft":                     "t_first_content - t_recv: the first event with a non-empty content or tool-call delta (includes reasoning)",
+	"visible_generation":       "t_end - t_first_content (= e2e - ttft)",
+	"window":                   "one document per measurement window (--snapshot-interval); a request belongs to the window in which it finished",
+}
+
+// methodologyJSON is the timing_methodology object of the proxy's documents.
+var methodologyJSON = func() json.RawMessage {
+	byKey := make(map[string]string, len(passiveNulls))
+	for _, n := range passiveNulls {
+		byKey[n.key] = n.why
+	}
+	doc := make(map[string]any, len(methodology)+1)
+	for k, v := range methodology {
+		doc[k] = v
+	}
+	doc["passive_nulls_by_key"] = byKey
+	b, err := json.Marshal(doc)
+	if err != nil {
+		panic("BUG: timing_methodology does not marshal: " + err.Error())
+	}
+	return b
+}()

@@ -1,0 +1,156 @@
+package snapshot
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// WriteTable prints doc, from Build or Merge, as the phase table of "anvilproxy report": where
+// the time goes (p50/p90/p99 of each phase), decode and prefill rates, the
+// prefix-cache hit rate and goodput, in aligned columns with units in the
+// headers.
+func WriteTable(w io.Writer, doc *Document) error {
+	ext := doc.Anvilproxy
+	if ext == nil {
+		return fmt.Errorf("snapshot: the document has no anvilproxy object; merge it first")
+	}
+	var b strings.Builder
+	span := time.Duration(doc.FinishedAtUnixNs - doc.StartedAtUnixNs)
+	fmt.Fprintf(&b, "%d requests: %d completed, %d failed; %d window(s), %s to %s (%s)\n",
+		doc.Requests, doc.Completed, doc.Failed, ext.Windows, doc.StartedAt, doc.FinishedAt, span.Round(100*time.Millisecond))
+	model := "-"
+	if doc.Model != nil {
+		model = *doc.Model
+		if len(ext.Models) > 1 {
+			model += fmt.Sprintf(" (and %d more)", len(ext.Models)-1)
+		}
+	}
+	fmt.Fprintf(&b, "model %s; protocol %s; percentiles %s\n\n", model, doc.MeasurementProtocol, percentileSource(ext))
+
+	lat := [][]string{{"phase", "n", "p50 ms", "p90 ms", "p99 ms", "mean ms"}}
+	add := func(rows *[][]string, name string, s Stats) {
+		*rows = append(*rows, []string{name, fmt.Sprint(s.Samples), num(s.P50), num(s.P90), num(s.P99), num(s.Mean)})
+	}
+	add(&lat, "queue", ext.Distributions["queue_ms"])
+	add(&lat, "prefill", ext.Distributions["prefill_ms"])
+	add(&lat, "time to first output", metricStats(doc, "time_to_first_output", true))
+	add(&lat, "ttft", metricStats(doc, "ttft", true))
+	add(&lat, "tpot", metricStats(doc, "tpot", true))
+	add(&lat, "e2e", metricStats(doc, "e2e", true))
+	rates := [][]string{{"rate", "n", "p50 tok/s", "p90 tok/s", "p99 tok/s", "mean tok/s"}}
+	add(&rates, "decode", metricStats(doc, "decode_tok_s", false))
+	add(&rates, "effective prefill", metricStats(doc, "effective_prefill_tok_s", false))
+	writeTables(&b, lat, rates)
+
+	hit := metricNum(doc.Metrics["prefix_cache_hit_avg"])
+	fmt.Fprintf(&b, "cache hit   %s of prompt tokens (mean over %d requests)\n", percent(hit), ext.PrefixCacheHitSamples)
+	thr := metricNum(doc.Metrics["throughput_tok_s"])
+	fmt.Fprintf(&b, "throughput  %s tok/s output\n", num(thr))
+	g := ext.Goodput
+	slos := "no SLOs: the share of requests that did not fail"
+	if len(g.Curves) > 0 {
+		slos = "within every SLO"
+	}
+	fmt.Fprintf(&b, "goodput     %s (%d of %d requests; %s)\n", percent(Num(g.Ratio)), g.Good, g.Requests, slos)
+	for _, c := range g.Curves {
+		points := make([]string, len(c.Points))
+		for i, p := range c.Points {
+			points[i] = fmt.Sprintf("%gx %s", p.Multiple, percent(Num(p.Share)))
+		}
+		fmt.Fprintf(&b, "  %s <= %s: %s; at budget %s\n", c.Metric, time.Duration(c.Threshold), percent(Num(c.Ratio)), strings.Join(points, ", "))
+	}
+	for _, n := range ext.Notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func percentileSource(ext *Extension) string {
+	if ext.PercentileSource == "hdr" {
+		return "from HDR histograms (within 0.1%)"
+	}
+	return "exact (nearest rank)"
+}
+
+// metricStats reads a distribution back from the metrics object.
+func metricStats(doc *Document, stem string, ms bool) Stats {
+	unit := ""
+	if ms {
+		unit = "_ms"
+	}
+	get := func(stat string) Num { return metricNum(doc.Metrics[stem+"_"+stat+unit]) }
+	s := Stats{P50: get("p50"), P90: get("p90"), P99: get("p99"), Mean: get("mean")}
+	if n := metricNum(doc.Metrics[stem+"_samples"]); n.Known() {
+		s.Samples = int64(n)
+	}
+	return s
+}
+
+// metricNum reads a metrics value as Build and Merge set it or as JSON
+// decodes it.
+func metricNum(v any) Num {
+	switch v := v.(type) {
+	case Num:
+		return v
+	case int64:
+		return Num(v)
+	case float64:
+		return Num(v)
+	}
+	return nan
+}
+
+// num formats a value with about four significant digits, "-" when unknown.
+func num(v Num) string {
+	f := float64(v)
+	switch {
+	case !v.Known():
+		return "-"
+	case f >= 100 || f <= -100:
+		return fmt.Sprintf("%.1f", f)
+	case f >= 1 || f <= -1:
+		return fmt.Sprintf("%.2f", f)
+	}
+	return fmt.Sprintf("%.3f", f)
+}
+
+func percent(v Num) string {
+	if !v.Known() {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(v))
+}
+
+// writeTables writes tables one after the other, each followed by a blank
+// line, in shared columns two spaces apart: the first left aligned, the
+// others (numbers) right aligned.
+func writeTables(b *strings.Builder, tables ...[][]string) {
+	var width []int
+	for _, rows := range tables {
+		for _, r := range rows {
+			for i, c := range r {
+				if i == len(width) {
+					width = append(width, 0)
+				}
+				width[i] = max(width[i], len(c))
+			}
+		}
+	}
+	for _, rows := range tables {
+		for _, r := range rows {
+			for i, c := range r {
+				pad := strings.Repeat(" ", width[i]-len(c))
+				if i == 0 {
+					b.WriteString(c + pad)
+				} else {
+					b.WriteString("  " + pad + c)
+				}
+			}
+			b.WriteByte('\n')
+		}
+		b.WriteByte('\n')
+	}
+}
