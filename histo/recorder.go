@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
 
 // Config configures a Recorder. The zero value is usable.
@@ -38,6 +39,9 @@ type Config struct {
 	Inflight func() int64
 	// Now is the clock for window boundaries. nil means time.Now.
 	Now func() time.Time
+	// RetryStats reads the proxy's retry tracker, for the rolling
+	// anvilproxy_retry_amplification gauge. nil leaves the gauge out.
+	RetryStats func() retry.Stats
 }
 
 func (c *Config) setDefaults() error {
@@ -87,6 +91,7 @@ type Recorder struct {
 	cfg   Config
 	reg   *prometheus.Registry
 	prom  *metrics
+	retry *retryMetrics
 	model rateModel
 	start time.Time
 
@@ -117,7 +122,12 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r.gap.p = newPair(MetricInterEvent, r.prom.clamped[MetricInterEvent])
 	r.relay.p = newPair(MetricOverhead, r.prom.clamped[MetricOverhead])
 	r.recent.buf = make([]Request, cfg.RecentRequests)
-	for _, c := range append(r.prom.all, r.gauges()...) {
+	var retryCollectors []prometheus.Collector
+	r.retry, retryCollectors = newRetryMetrics()
+	if cfg.RetryStats != nil {
+		retryCollectors = append(retryCollectors, amplificationGauge(cfg.RetryStats))
+	}
+	for _, c := range append(append(r.prom.all, r.gauges()...), retryCollectors...) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("histo: registering metrics: %w", err)
 		}
@@ -168,21 +178,23 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	if !inference(tr.Route) {
 		return
 	}
+	r.retry.observe(tr)
 	var rq Request
 	newRequest(&rq, tr, r.Split(tr))
 	r.prom.tokens(&rq)
 	if !rq.Failed {
 		r.prom.observe(&rq)
 	}
-	r.add(&rq)
+	r.add(&rq, tr)
 	// Learn after splitting, so a request is never judged by its own sample.
 	r.model.learn(tr, r.cfg.EngineSlots)
 }
 
 // add puts rq into the current window under the lock.
-func (r *Recorder) add(rq *Request) {
+func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.cur.retry.add(tr)
 	rq.Index = int(r.cur.tally.requests)
 	rq.Good = r.cur.tally.add(rq, r.cfg.SLOs)
 	if !rq.Failed {

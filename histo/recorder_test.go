@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
 
 func TestRecordPhases(t *testing.T) {
@@ -220,8 +221,9 @@ anvilproxy_upstream_connect_seconds_count{cold="true"} 1
 func TestMetricNamesAndTypes(t *testing.T) {
 	var inflight int64 = 3
 	r, reg, _ := newTest(t, Config{
-		SLOs:     []SLO{{"ttft", 2 * time.Second}, {"tpot", 50 * time.Millisecond}},
-		Inflight: func() int64 { return inflight },
+		SLOs:       []SLO{{"ttft", 2 * time.Second}, {"tpot", 50 * time.Millisecond}},
+		Inflight:   func() int64 { return inflight },
+		RetryStats: func() retry.Stats { return retry.Stats{Amplification: 1.5} },
 	})
 	tr := chat()
 	tr.ErrSide, tr.ErrKind = proxy.SideClient, proxy.ErrClientGone
@@ -261,6 +263,12 @@ func TestMetricNamesAndTypes(t *testing.T) {
 		"anvilproxy_histo_records_dropped_total":   C,
 		"anvilproxy_output_tokens_source_total":    C,
 		"anvilproxy_errors_total":                  C,
+		"anvilproxy_client_attempts_total":         C,
+		"anvilproxy_client_logical_requests_total": C,
+		"anvilproxy_retry_total":                   C,
+		"anvilproxy_retry_gap_seconds":             H,
+		"anvilproxy_wasted_tokens_total":           C,
+		"anvilproxy_retry_amplification":           G,
 	}
 	require.Equal(t, want, got)
 

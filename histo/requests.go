@@ -205,7 +205,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		ReqBytes:        tr.ReqBytes,
 		RespBytes:       tr.RespBytes,
 		PrefixReuse:     Float(math.NaN()),
-		RetryAttempt:    -1,
+		RetryAttempt:    Count(tr.Retry.Attempt), // Record takes inference routes only: always known
 	}
 	if tr.ErrKind != proxy.ErrNone {
 		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()

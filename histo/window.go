@@ -37,6 +37,10 @@ type Window struct {
 	// QueueSources counts the requests whose queue/prefill split came from
 	// each source, dropped records included.
 	QueueSources map[QueueSource]int64
+
+	// Retry is the window's client retry figures (DESIGN.md §6); nil for
+	// Cumulative.
+	Retry *RetrySection
 }
 
 // Encode returns every histogram in the HdrHistogram V2 compressed
@@ -69,6 +73,7 @@ type window struct {
 	dropped int64
 	tally   tally
 	sources [len(sources)]int64
+	retry   retryTally
 }
 
 // add appends a copy of rq unless the window holds limit records already;
@@ -139,6 +144,7 @@ func (r *Recorder) Rotate() *Window {
 	out.Dropped = old.dropped
 	out.Goodput = old.tally.goodput(r.cfg.SLOs)
 	out.QueueSources = old.queueSources()
+	out.Retry = old.retry.section()
 	return out
 }
 
@@ -152,6 +158,7 @@ func (r *Recorder) Current() *Window {
 	r.mu.Lock()
 	cur := *r.cur
 	cur.chunks = slices.Clone(cur.chunks)
+	cur.retry = r.cur.retry.clone()
 	for m := range numRequestMetrics {
 		out.Hist[m], out.Clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
 	}
@@ -165,6 +172,7 @@ func (r *Recorder) Current() *Window {
 	out.Dropped = cur.dropped
 	out.Goodput = cur.tally.goodput(r.cfg.SLOs)
 	out.QueueSources = cur.queueSources()
+	out.Retry = cur.retry.section()
 	return out
 }
 

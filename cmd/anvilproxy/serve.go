@@ -21,6 +21,7 @@ import (
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/retry"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
@@ -90,6 +91,8 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxQueue, "max-queue", proxy.DefaultMaxQueue, "with --max-inflight: requests that may wait; one more gets 429")
 	fs.DurationVar(&c.MaxQueueWait, "max-queue-wait", proxy.DefaultMaxQueueWait, "with --max-inflight: longest wait for a slot before 503")
 	fs.BoolVar(&c.InjectUsage, "inject-usage", false, "add stream_options.include_usage=true upstream when a streamed chat/completions request lacks it, and hide the extra usage event from the client")
+	fs.DurationVar(&c.RetryWindow, "retry-window", retry.DefaultWindow, "how long after an attempt the same body from the same client counts as a retry")
+	fs.Int64Var(&c.RetryMaxBytes, "retry-max-bytes", retry.DefaultMaxBytes, "memory cap of the retry tracker's index, bytes")
 	fs.BoolVar(&c.NoForwardedFor, "no-forwarded-for", false, "do not append the client address to X-Forwarded-For")
 	fs.BoolVar(&c.PreserveHost, "preserve-host", false, "send the client's Host header upstream instead of the upstream's")
 	fs.BoolVar(&c.InsecureSkipVerify, "insecure-skip-verify", false, "do not verify an https upstream's certificate")
@@ -125,6 +128,7 @@ func runServe(args []string, stderr io.Writer) error {
 	var p *proxy.Proxy
 	f.histo.SLOs = f.slos
 	f.histo.Inflight = func() int64 { return p.Inflight() }
+	f.histo.RetryStats = func() retry.Stats { return p.Retries().Stats() }
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	rec, err := histo.New(f.histo, reg)

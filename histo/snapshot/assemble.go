@@ -48,6 +48,7 @@ type part struct {
 	rebuilt  bool                                      // hist was rebuilt from timings
 	complete bool                                      // timings hold every successful request
 	goodput  *histo.Goodput                            // nil: unknown
+	retry    *histo.RetrySection                       // nil: unknown (a benchmark file)
 
 	queueSources map[string]int64
 	clamped      map[string]int64

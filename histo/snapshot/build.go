@@ -71,6 +71,7 @@ func windowPart(w *histo.Window, pm PrefillModel) *part {
 		hist:         w.Hist,
 		complete:     w.Dropped == 0,
 		goodput:      &w.Goodput,
+		retry:        w.Retry,
 		queueSources: make(map[string]int64, len(w.QueueSources)),
 		clamped:      make(map[string]int64, histo.NumMetrics),
 		dropped:      w.Dropped,

@@ -128,7 +128,7 @@ func TestBuildCountsAndFailures(t *testing.T) {
 	require.Equal(t, map[string]any{
 		"cached_tokens": 2250.0, "e2e_ms": 2751.0, "error_kind": "upstream_broken", "error_side": "upstream",
 		"model": "qwen", "output_tokens": 105.0, "prefill_ms": nil, "prompt_tokens": 10500.0, "queue_ms": nil,
-		"queue_source": "none", "request_index": 5.0, "retry_attempt": nil, "route": "chat",
+		"queue_source": "none", "request_index": 5.0, "retry_attempt": 0.0, "route": "chat",
 		"started_at_unix_ns": float64(t0.Add(5 * time.Second).UnixNano()), "status": 200.0, "time_to_first_output_ms": 485.0,
 		"truncated": true, "ttft_ms": nil,
 	}, f, "sanitized: metadata and the timings known when it failed")
@@ -172,7 +172,10 @@ func TestBuildCountsAndFailures(t *testing.T) {
 		split["server"].QueueMs.Samples+split["limiter"].QueueMs.Samples+split["model"].QueueMs.Samples)
 	require.Zero(t, split["none"].QueueMs.Samples, "no split: queue is null, not 0")
 	require.Nil(t, ext.Prefix)
-	require.Nil(t, ext.Retry)
+	var rs histo.RetrySection
+	require.NoError(t, json.Unmarshal(ext.Retry, &rs))
+	require.Equal(t, rs.Attempts, rs.LogicalRequests, "no retries among distinct traces")
+	require.Positive(t, rs.Attempts)
 	require.Equal(t, histo.Count(1), ext.MaxInflightObserved)
 	require.Equal(t, "2026-11-29T23:05:00.123Z", ext.WindowStart)
 }

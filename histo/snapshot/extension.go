@@ -51,14 +51,15 @@ type Extension struct {
 	// PrefillRateModel is the learned prefill rate behind queue_source
 	// "model" when the window ended.
 	PrefillRateModel PrefillModel `json:"prefill_rate_model"`
-	// Prefix and Retry are null until prefix-drift tracking (DESIGN.md §5)
-	// and retry tracking (§6) fill them.
+	// Prefix is null until prefix-drift tracking (DESIGN.md §5) fills it.
 	Prefix json.RawMessage `json:"prefix"`
 	// QueueSplit is the queue/prefill split by source (DESIGN.md §3):
 	// requests per source, failed and dropped included, and the queue and
 	// prefill distributions of the successful requests with a record.
 	QueueSplit map[string]SourceSplit `json:"queue_split"`
-	Retry      json.RawMessage        `json:"retry"`
+	// Retry is histo.RetrySection (DESIGN.md §6); null in merges of
+	// files that have none (the benchmark client's).
+	Retry json.RawMessage `json:"retry"`
 	// The measurement window (or, merged, the span of the windows).
 	WindowEnd         string `json:"window_end"` // RFC 3339, nanoseconds, UTC
 	WindowEndUnixNs   int64  `json:"window_end_unix_ns"`
@@ -169,6 +170,17 @@ func (pop *population) extension(doc *Document) (*Extension, error) {
 		}
 	}
 	ext.Goodput = pop.goodput(ext)
+	retries := make([]*histo.RetrySection, len(pop.parts))
+	for i, p := range pop.parts {
+		retries[i] = p.retry
+	}
+	if r := histo.MergeRetry(retries...); r != nil {
+		b, err := json.Marshal(r)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot: encoding the retry section: %w", err)
+		}
+		ext.Retry = b
+	}
 	ext.Notes = dedupe(append(ext.Notes, pop.notes(ext)...))
 	return ext, nil
 }

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -68,6 +69,12 @@ func docPart(d *Document) (*part, error) {
 	}
 	p.complete = ext.DroppedRecords == 0
 	p.goodput = &ext.Goodput
+	if len(ext.Retry) > 0 && string(ext.Retry) != "null" {
+		p.retry = &histo.RetrySection{}
+		if err := json.Unmarshal(ext.Retry, p.retry); err != nil {
+			return nil, fmt.Errorf("anvilproxy.retry: %w", err)
+		}
+	}
 	p.queueSources = make(map[string]int64, len(ext.QueueSplit))
 	for s, split := range ext.QueueSplit {
 		p.queueSources[s] = split.Requests

@@ -3,7 +3,9 @@ package retry
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"hash/maphash"
+	"strconv"
 )
 
 // HeaderRetryCount is the retry-attempt header of the Stainless-generated
@@ -44,6 +46,16 @@ func (id ClientID) String() string {
 func (id ClientID) MarshalText() ([]byte, error) {
 	b := id.hex()
 	return b[:], nil
+}
+
+// UnmarshalText reads the 16 hex digits back, for snapshot files.
+func (id *ClientID) UnmarshalText(b []byte) error {
+	v, err := strconv.ParseUint(string(b), 16, 64)
+	if err != nil || len(b) != 16 {
+		return fmt.Errorf("retry: client id %q: want 16 hex digits", b)
+	}
+	*id = ClientID(v)
+	return nil
 }
 
 func (id ClientID) hex() (b [16]byte) {
