@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bufio"
-	"bytes"
 	"net"
 	"net/http"
 	"strings"
@@ -11,8 +10,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 )
 
 // TestRequestFramingRejected: smuggling shapes get 400 and nothing reaches
@@ -20,9 +17,8 @@ import (
 func TestRequestFramingRejected(t *testing.T) {
 	var hits atomic.Int32
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
-	var logs bytes.Buffer
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(&logs), zap.DebugLevel)
-	p, err := New(Config{Upstream: up.URL, MaxHeaderBytes: 8 << 10}, zap.New(core), newTraceLog())
+	var logs logBuffer
+	p, err := New(Config{Upstream: up.URL, MaxHeaderBytes: 8 << 10}, debugLogger(&logs), newTraceLog())
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

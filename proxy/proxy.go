@@ -169,6 +169,8 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	tr.Route = routeOf(ctx.URI().PathOriginal())
 	tr.Method = methodOf(ctx.Method())
 	p.inflight.Add(1)
+	r.counted = true
+	defer p.recoverHandle(ctx, r)
 
 	if ambiguousFraming(&ctx.Request.Header) {
 		r.fail(SideClient, ErrBadRequest)
@@ -314,6 +316,25 @@ func (p *Proxy) admit(r *relay) bool {
 	return true
 }
 
+// recoverHandle keeps a bug in one request from taking the process down
+// with every other stream (fasthttp does not recover handler panics, as
+// net/http does). The log line names the request and the stack, never the
+// panic value, which could quote request data. The relay is not reused.
+func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	p.log.Error("BUG: request handler panicked", zap.Uint64("id", r.tr.ID), zap.Stack("stack"))
+	if s := r.slot.Load(); s != nil {
+		s.abort()
+	}
+	p.release(r)
+	ctx.Response.Reset()
+	ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+	ctx.SetConnectionClose()
+}
+
 // buildRequest copies the client's request into the upstream request: every
 // method, path, query, header and body byte, minus hop-by-hop headers, with
 // X-Forwarded-For appended and the upstream's Host. It returns a non-zero
@@ -387,6 +408,7 @@ func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
 	r.tr.Method = methodOf(ctx.Method())
 	r.fail(SideClient, kind)
 	p.inflight.Add(1)
+	r.counted = true
 	p.answerError(ctx, r, status)
 }
 
@@ -407,12 +429,7 @@ func (p *Proxy) finishHandler(r *relay) {
 
 // finish completes the Trace, reports it, and recycles the relay.
 func (p *Proxy) finish(r *relay) {
-	if r.stopWatch != nil {
-		r.stopWatch()
-	}
-	if s := r.slot.Load(); s != nil {
-		p.pool.release(s)
-	}
+	p.release(r)
 	tr := &r.tr
 	if r.isSSE && !r.sawEnd && tr.ErrKind == ErrNone {
 		tr.Truncated = true
@@ -427,15 +444,33 @@ func (p *Proxy) finish(r *relay) {
 	}
 	p.rec.Record(tr)
 	p.logTrace(tr)
+	r.reset()
+	p.relays.Put(r)
+}
+
+// release gives back what the request holds: the client watch, the
+// upstream slot, the limiter slot and the in-flight counts. It is
+// idempotent, so the panic path can call it whatever was released before.
+func (p *Proxy) release(r *relay) {
+	if r.stopWatch != nil {
+		r.stopWatch()
+		r.stopWatch = nil
+	}
+	if s := r.slot.Swap(nil); s != nil {
+		p.pool.release(s)
+	}
 	if r.limited {
 		p.limit.release()
+		r.limited = false
 	}
 	if r.admitted {
 		p.upstream.Add(-1)
+		r.admitted = false
 	}
-	p.inflight.Add(-1)
-	r.reset()
-	p.relays.Put(r)
+	if r.counted {
+		p.inflight.Add(-1)
+		r.counted = false
+	}
 }
 
 // readUsage fills the token counts from the stream's usage, the captured
@@ -500,9 +535,9 @@ func (r *relay) reset() {
 	}
 	r.atEOF, r.sawEnd = false, false
 	r.inject, r.hold, r.holdOff, r.out = false, r.hold[:0], 0, r.out[:0]
-	r.limited, r.admitted, r.attempt = false, false, false
-	r.slot.Store(nil)
-	r.stopWatch, r.left, r.gone = nil, nil, atomic.Bool{}
+	r.attempt = false
+	r.left = nil
+	r.gone.Store(false)
 	r.tr = Trace{}
 }
 

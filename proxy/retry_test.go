@@ -21,13 +21,14 @@ import (
 type stampTransport struct {
 	mu          sync.Mutex
 	start, done []time.Time
+	rt          http.Transport // its own pool: a shared one could hold a dead connection from an earlier test's server
 }
 
 func (s *stampTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	s.mu.Lock()
 	s.start = append(s.start, time.Now())
 	s.mu.Unlock()
-	resp, err := http.DefaultTransport.RoundTrip(r)
+	resp, err := s.rt.RoundTrip(r)
 	s.mu.Lock()
 	s.done = append(s.done, time.Now())
 	s.mu.Unlock()
@@ -43,6 +44,7 @@ func TestOpenAISDKRetriesCounted(t *testing.T) {
 	log := newTraceLog()
 	base, p := startProxy(t, Config{Upstream: up}, log)
 	stamps := &stampTransport{}
+	defer stamps.rt.CloseIdleConnections()
 	client := openai.NewClient(
 		option.WithBaseURL(base+"/v1"),
 		option.WithAPIKey("sk-test"),

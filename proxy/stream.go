@@ -57,6 +57,7 @@ type relay struct {
 	limited  bool // holds a limiter slot
 	admitted bool // counted in Proxy.upstream
 	attempt  bool // begun in the retry tracker
+	counted  bool // counted in Proxy.inflight
 
 	// The client watch: left is closed and gone set, once, when the client
 	// goes away; slot is the upstream connection to close then.
