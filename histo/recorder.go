@@ -88,12 +88,13 @@ func orDefault(v, def int) int {
 // request is in one window's histograms and records, never split). The two
 // per-event histograms have a mutex each, and the prefill model has its own.
 type Recorder struct {
-	cfg   Config
-	reg   *prometheus.Registry
-	prom  *metrics
-	retry *retryMetrics
-	model rateModel
-	start time.Time
+	cfg    Config
+	reg    *prometheus.Registry
+	prom   *metrics
+	retry  *retryMetrics
+	prefix *prefixMetrics
+	model  rateModel
+	start  time.Time
 
 	gap, relay eventPair
 
@@ -122,8 +123,10 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r.gap.p = newPair(MetricInterEvent, r.prom.clamped[MetricInterEvent])
 	r.relay.p = newPair(MetricOverhead, r.prom.clamped[MetricOverhead])
 	r.recent.buf = make([]Request, cfg.RecentRequests)
-	var retryCollectors []prometheus.Collector
+	var retryCollectors, prefixCollectors []prometheus.Collector
 	r.retry, retryCollectors = newRetryMetrics()
+	r.prefix, prefixCollectors = newPrefixMetrics()
+	retryCollectors = append(retryCollectors, prefixCollectors...)
 	if cfg.RetryStats != nil {
 		retryCollectors = append(retryCollectors, amplificationGauge(cfg.RetryStats))
 	}
@@ -179,6 +182,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 		return
 	}
 	r.retry.observe(tr)
+	r.prefix.observe(&tr.Prefix)
 	var rq Request
 	newRequest(&rq, tr, r.Split(tr))
 	r.prom.tokens(&rq)
@@ -195,6 +199,7 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur.retry.add(tr)
+	r.cur.prefix.add(tr)
 	rq.Index = int(r.cur.tally.requests)
 	rq.Good = r.cur.tally.add(rq, r.cfg.SLOs)
 	if !rq.Failed {

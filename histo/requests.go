@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
 
 // Span is a measured duration that may be unknown (NoSpan). It marshals to
@@ -204,7 +205,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		ToolChunks:      tr.ToolEvents,
 		ReqBytes:        tr.ReqBytes,
 		RespBytes:       tr.RespBytes,
-		PrefixReuse:     Float(math.NaN()),
+		PrefixReuse:     prefixReuse(&tr.Prefix),
 		RetryAttempt:    Count(tr.Retry.Attempt), // Record takes inference routes only: always known
 	}
 	if tr.ErrKind != proxy.ErrNone {
@@ -305,4 +306,12 @@ func (r *Recorder) RequestsHandler() http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(append(body, '\n'))
 	})
+}
+
+// prefixReuse is the request's prefix reuse, or null when untracked.
+func prefixReuse(res *prefix.Result) Float {
+	if !res.Tracked || res.Reuse < 0 {
+		return Float(math.NaN())
+	}
+	return Float(res.Reuse)
 }

@@ -38,9 +38,10 @@ type Window struct {
 	// each source, dropped records included.
 	QueueSources map[QueueSource]int64
 
-	// Retry is the window's client retry figures (DESIGN.md §6); nil for
-	// Cumulative.
-	Retry *RetrySection
+	// Retry is the window's client retry figures (DESIGN.md §6) and Prefix
+	// its prompt-prefix figures (§5); nil for Cumulative.
+	Retry  *RetrySection
+	Prefix *PrefixSection
 }
 
 // Encode returns every histogram in the HdrHistogram V2 compressed
@@ -74,6 +75,7 @@ type window struct {
 	tally   tally
 	sources [len(sources)]int64
 	retry   retryTally
+	prefix  prefixTally
 }
 
 // add appends a copy of rq unless the window holds limit records already;
@@ -145,6 +147,7 @@ func (r *Recorder) Rotate() *Window {
 	out.Goodput = old.tally.goodput(r.cfg.SLOs)
 	out.QueueSources = old.queueSources()
 	out.Retry = old.retry.section()
+	out.Prefix = old.prefix.section()
 	return out
 }
 
@@ -159,6 +162,7 @@ func (r *Recorder) Current() *Window {
 	cur := *r.cur
 	cur.chunks = slices.Clone(cur.chunks)
 	cur.retry = r.cur.retry.clone()
+	cur.prefix = r.cur.prefix.clone()
 	for m := range numRequestMetrics {
 		out.Hist[m], out.Clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
 	}
@@ -173,6 +177,7 @@ func (r *Recorder) Current() *Window {
 	out.Goodput = cur.tally.goodput(r.cfg.SLOs)
 	out.QueueSources = cur.queueSources()
 	out.Retry = cur.retry.section()
+	out.Prefix = cur.prefix.section()
 	return out
 }
 

@@ -88,6 +88,13 @@ type Config struct {
 	RetryWindow time.Duration
 	// RetryMaxBytes caps the retry tracker's memory. 0 means retry.DefaultMaxBytes.
 	RetryMaxBytes int64
+	// PrefixMaxBytes caps the prefix index's memory. 0 means prefix.DefaultMaxIndexBytes.
+	PrefixMaxBytes int64
+	// VolatileFields are JSON key paths (e.g. "metadata.timestamp") and
+	// VolatilePatterns regular expressions on prompt text that are masked
+	// before prefix hashing, to ask "would it hit if this were fixed?".
+	VolatileFields   []string
+	VolatilePatterns []string
 	// MaxCaptureBytes bounds how much of a non-stream JSON response is kept
 	// to read its usage. 0 means DefaultMaxCaptureBytes.
 	MaxCaptureBytes int

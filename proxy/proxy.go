@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 	"github.com/anvilproxy/anvilproxy/sse"
 )
@@ -55,6 +56,7 @@ type Proxy struct {
 	models *modelSet
 	limit  *limiter // nil without --max-inflight
 	retry  *retry.Tracker
+	prefix *prefix.Tracker
 
 	nextID   atomic.Uint64
 	inflight atomic.Int64 // requests being served, from headers read to trace emitted
@@ -73,6 +75,15 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	pt, err := prefix.New(prefix.Config{
+		MaxIndexBytes:    cfg.PrefixMaxBytes,
+		VolatileFields:   cfg.VolatileFields,
+		VolatilePatterns: cfg.VolatilePatterns,
+		MaxBodyBytes:     cfg.MaxBodyBytes,
+	})
+	if err != nil {
+		return nil, err
+	}
 	if rec == nil {
 		rec = NopRecorder{}
 	}
@@ -85,6 +96,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		models: newModelSet(cfg.Models, cfg.MaxModels),
 		limit:  newLimiter(cfg.MaxInflight, cfg.MaxQueue, cfg.MaxQueueWait),
 		retry:  retry.New(retry.Config{Window: cfg.RetryWindow, MaxBytes: cfg.RetryMaxBytes}),
+		prefix: pt,
 	}
 	p.relays.New = func() any {
 		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
@@ -99,6 +111,10 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 
 // Retries returns the tracker of client retries, for its aggregates.
 func (p *Proxy) Retries() *retry.Tracker { return p.retry }
+
+// Prefixes returns the prompt-prefix tracker, for its recent drift events
+// and aggregates.
+func (p *Proxy) Prefixes() *prefix.Tracker { return p.prefix }
 
 // Inflight returns the number of requests being served.
 func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
@@ -292,6 +308,31 @@ func (p *Proxy) endAttempt(tr *Trace) {
 	})
 }
 
+// observePrefix hashes the prompt's segments against the index of recent
+// prompts (DESIGN.md §5). It runs when the response is complete, off the
+// streaming path: it costs about a millisecond per MiB of new prompt.
+func (p *Proxy) observePrefix(r *relay) {
+	tr := &r.tr
+	tr.Prefix = p.prefix.Observe(prefixProtocol(tr.Route), r.req.Body(), tr.Recv)
+	if tr.Prefix.Tracked && tr.UsageSeen && tr.CachedTokens >= 0 {
+		p.prefix.Cache(&tr.Prefix, tr.PromptTokens, tr.CachedTokens)
+	}
+}
+
+func prefixProtocol(rt Route) prefix.Protocol {
+	switch rt {
+	case RouteChat:
+		return prefix.ProtocolChat
+	case RouteCompletions:
+		return prefix.ProtocolCompletions
+	case RouteResponses:
+		return prefix.ProtocolResponses
+	case RouteMessages:
+		return prefix.ProtocolMessages
+	}
+	return prefix.ProtocolUnknown
+}
+
 // admit passes the request through the limiter, if any, and counts it as
 // in flight upstream. It returns false, with tr.Status set, when refused.
 func (p *Proxy) admit(r *relay) bool {
@@ -441,6 +482,7 @@ func (p *Proxy) finish(r *relay) {
 	tr.Model = p.models.label(requestModel(r.req.Body()))
 	if r.attempt {
 		p.endAttempt(tr)
+		p.observePrefix(r)
 	}
 	p.rec.Record(tr)
 	p.logTrace(tr)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"time"
 
+	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
 
@@ -114,6 +115,11 @@ type Trace struct {
 	// Engine-reported timing (vLLM metrics, llama.cpp timings, TGI x-queue-time); negative when absent.
 	ServerQueue   time.Duration
 	ServerPrefill time.Duration
+
+	// Prefix is how much of the prompt an earlier request had sent, and
+	// where it drifted (DESIGN.md §5); zero for routes that are not
+	// inference. It holds hashes, lengths and offsets, never text.
+	Prefix prefix.Result
 
 	// Retry links this attempt to the client's earlier attempts at the
 	// same request (DESIGN.md §6); zero for routes that are not inference.

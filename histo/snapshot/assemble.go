@@ -49,6 +49,7 @@ type part struct {
 	complete bool                                      // timings hold every successful request
 	goodput  *histo.Goodput                            // nil: unknown
 	retry    *histo.RetrySection                       // nil: unknown (a benchmark file)
+	prefix   *histo.PrefixSection                      // nil: unknown (a benchmark file)
 
 	queueSources map[string]int64
 	clamped      map[string]int64

@@ -72,6 +72,7 @@ func windowPart(w *histo.Window, pm PrefillModel) *part {
 		complete:     w.Dropped == 0,
 		goodput:      &w.Goodput,
 		retry:        w.Retry,
+		prefix:       w.Prefix,
 		queueSources: make(map[string]int64, len(w.QueueSources)),
 		clamped:      make(map[string]int64, histo.NumMetrics),
 		dropped:      w.Dropped,

@@ -171,7 +171,9 @@ func TestBuildCountsAndFailures(t *testing.T) {
 	require.Equal(t, ext.Distributions["queue_ms"].Samples,
 		split["server"].QueueMs.Samples+split["limiter"].QueueMs.Samples+split["model"].QueueMs.Samples)
 	require.Zero(t, split["none"].QueueMs.Samples, "no split: queue is null, not 0")
-	require.Nil(t, ext.Prefix)
+	var ps histo.PrefixSection
+	require.NoError(t, json.Unmarshal(ext.Prefix, &ps))
+	require.Zero(t, ps.Tracked, "synthetic traces carry no prefix result")
 	var rs histo.RetrySection
 	require.NoError(t, json.Unmarshal(ext.Retry, &rs))
 	require.Equal(t, rs.Attempts, rs.LogicalRequests, "no retries among distinct traces")

@@ -51,7 +51,8 @@ type Extension struct {
 	// PrefillRateModel is the learned prefill rate behind queue_source
 	// "model" when the window ended.
 	PrefillRateModel PrefillModel `json:"prefill_rate_model"`
-	// Prefix is null until prefix-drift tracking (DESIGN.md §5) fills it.
+	// Prefix is histo.PrefixSection (DESIGN.md §5); null in merges of
+	// files that have none (the benchmark client's).
 	Prefix json.RawMessage `json:"prefix"`
 	// QueueSplit is the queue/prefill split by source (DESIGN.md §3):
 	// requests per source, failed and dropped included, and the queue and
@@ -171,15 +172,16 @@ func (pop *population) extension(doc *Document) (*Extension, error) {
 	}
 	ext.Goodput = pop.goodput(ext)
 	retries := make([]*histo.RetrySection, len(pop.parts))
+	prefixes := make([]*histo.PrefixSection, len(pop.parts))
 	for i, p := range pop.parts {
-		retries[i] = p.retry
+		retries[i], prefixes[i] = p.retry, p.prefix
 	}
-	if r := histo.MergeRetry(retries...); r != nil {
-		b, err := json.Marshal(r)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot: encoding the retry section: %w", err)
-		}
-		ext.Retry = b
+	var err error
+	if ext.Retry, err = rawSection(histo.MergeRetry(retries...)); err != nil {
+		return nil, err
+	}
+	if ext.Prefix, err = rawSection(histo.MergePrefix(prefixes...)); err != nil {
+		return nil, err
 	}
 	ext.Notes = dedupe(append(ext.Notes, pop.notes(ext)...))
 	return ext, nil
@@ -321,4 +323,16 @@ func dedupe(s []string) []string {
 		seen[n] = true
 		return dup
 	})
+}
+
+// rawSection encodes an optional section; nil stays null.
+func rawSection[T any](v *T) (json.RawMessage, error) {
+	if v == nil {
+		return nil, nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: encoding a section: %w", err)
+	}
+	return b, nil
 }

@@ -69,6 +69,12 @@ func docPart(d *Document) (*part, error) {
 	}
 	p.complete = ext.DroppedRecords == 0
 	p.goodput = &ext.Goodput
+	if len(ext.Prefix) > 0 && string(ext.Prefix) != "null" {
+		p.prefix = &histo.PrefixSection{}
+		if err := json.Unmarshal(ext.Prefix, p.prefix); err != nil {
+			return nil, fmt.Errorf("anvilproxy.prefix: %w", err)
+		}
+	}
 	if len(ext.Retry) > 0 && string(ext.Retry) != "null" {
 		p.retry = &histo.RetrySection{}
 		if err := json.Unmarshal(ext.Retry, p.retry); err != nil {
