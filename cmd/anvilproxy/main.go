@@ -1,5 +1,5 @@
 // Command anvilproxy is a transparent measuring reverse proxy for LLM
-// inference servers. Subcommands: serve (the default), sim and report.
+// inference servers. Subcommands: serve (the default), sim, demo and report.
 //
 // Flags are parsed here and only here; the packages take plain Config structs.
 package main
@@ -21,6 +21,7 @@ const usage = `anvilproxy — a transparent measuring reverse proxy for LLM infe
 Usage:
   anvilproxy [serve] [flags]   run the proxy (the default subcommand)
   anvilproxy sim [flags]       run the simulated inference server
+  anvilproxy demo [flags]      sim + proxy + simulated coding agents, with a live table and dashboard
   anvilproxy report FILE...    merge v1 snapshots and print where the time goes
   anvilproxy help              show this help
 
@@ -43,6 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runServe(args, stderr)
 	case "sim":
 		err = runSim(args, stderr)
+	case "demo":
+		err = runDemo(args, stdout, stderr)
 	case "report":
 		err = runReport(args, stdout, stderr)
 	case "help":

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/dashboard"
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
@@ -30,6 +31,7 @@ import (
 const embeddedUpstream = "sim"
 
 type serveFlags struct {
+	config        string
 	listen        string
 	adminListen   string
 	upstream      string
@@ -40,6 +42,9 @@ type serveFlags struct {
 	cfg           proxy.Config
 	histo         histo.Config
 	snapshot      snapshot.Config
+	// sim configures the embedded engine of --upstream sim. It is not a
+	// flag: serve runs the calibrated default; demo and tests set it.
+	sim sim.Config
 }
 
 // sloFlag collects repeated --slo metric=duration flags.
@@ -65,8 +70,9 @@ func (f *sloFlag) Set(v string) error {
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.config, "config", "", "file of flag=value lines, one flag per line, # comments (configs/anvilproxy.example.conf lists every flag); flags on the command line override it")
 	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
-	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: /metrics, /snapshot, /requests, /healthz (separate from --listen so no upstream path is shadowed); empty disables it")
+	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: the dashboard at /, /metrics, /snapshot, /requests, /healthz (separate from --listen so no upstream path is shadowed); empty disables it")
 	fs.DurationVar(&f.snapshot.Interval, "snapshot-interval", snapshot.DefaultInterval, "length of a measurement window (rolling goodput; one snapshot file per window with --snapshot-dir)")
 	fs.StringVar(&f.snapshot.Dir, "snapshot-dir", "", "directory for one anvil-serving.benchmark/v1 snapshot file per window, written atomically (one proxy per directory); empty writes none")
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
@@ -106,83 +112,141 @@ func runServe(args []string, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if err := loadConfig(fs, f.config); err != nil {
+		return err
+	}
 	log, err := newLogger(stderr, f.logLevel)
 	if err != nil {
 		return err
 	}
 	defer log.Sync() //nolint:errcheck // stderr
 
-	f.cfg.Upstream = f.upstream
-	if f.models != "" {
-		f.cfg.Models = strings.Split(f.models, ",")
-	}
-	if f.upstream == embeddedUpstream {
-		addr, stop, err := startEmbeddedSim()
-		if err != nil {
-			return err
-		}
-		defer stop()
-		f.cfg.Upstream = "http://" + addr
-		log.Warn("no --upstream given: serving the simulated engine", zap.String("sim", f.cfg.Upstream))
-	}
-	var p *proxy.Proxy
-	f.histo.SLOs = f.slos
-	f.histo.Inflight = func() int64 { return p.Inflight() }
-	f.histo.RetryStats = func() retry.Stats { return p.Retries().Stats() }
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	rec, err := histo.New(f.histo, reg)
+	st, err := startStack(&f, log)
 	if err != nil {
 		return err
 	}
-	if p, err = proxy.New(f.cfg, log, rec); err != nil {
-		return err
-	}
-	snaps, err := snapshot.NewWriter(f.snapshot, rec, reg, log)
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("listening: %w", err)
-	}
-	if f.adminListen != "" {
-		stop, err := startAdmin(f.adminListen, rec, log)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
-	snaps.Start()
-	log.Info("anvilproxy serving", zap.String("listen", ln.Addr().String()), zap.String("upstream", f.cfg.Upstream),
+	log.Info("anvilproxy serving", zap.String("listen", st.ln.Addr().String()), zap.String("upstream", st.upstream),
 		zap.String("admin", f.adminListen), zap.String("snapshot_dir", f.snapshot.Dir))
-	err = serveUntilSignal(p, ln, f.shutdownGrace, log)
+	err = serveUntilSignal(st.proxy, st.ln, f.shutdownGrace, log)
 	// The proxy has drained: the last window is whole.
-	ctx, cancel := context.WithTimeout(context.Background(), finalSnapshotTimeout)
-	defer cancel()
-	if cerr := snaps.Close(ctx); cerr != nil {
+	if cerr := st.close(); cerr != nil {
 		log.Error("final snapshot", zap.Error(cerr))
 	}
 	return err
+}
+
+// stack is serve's wiring, shared by serve and demo: the proxy with its
+// data listener (not yet served), the Recorder and its registry, the
+// snapshot Writer (started), the admin listener (serving) and, with
+// --upstream sim, the embedded engine.
+type stack struct {
+	proxy    *proxy.Proxy
+	ln       net.Listener // the data listener; the caller serves it
+	reg      *prometheus.Registry
+	rec      *histo.Recorder
+	snaps    *snapshot.Writer
+	upstream string // the upstream in use: the embedded engine's URL with --upstream sim
+
+	proxyURL, adminURL string // http://host:port; adminURL is "" without an admin listener
+
+	stops []func() // run in reverse order by close
+}
+
+// startStack builds the stack that f describes. On error, whatever it
+// started is stopped again.
+func startStack(f *serveFlags, log *zap.Logger) (st *stack, err error) {
+	st = &stack{}
+	defer func() {
+		if err != nil {
+			st.stop()
+		}
+	}()
+	cfg := f.cfg
+	cfg.Upstream = f.upstream
+	if f.models != "" {
+		cfg.Models = strings.Split(f.models, ",")
+	}
+	if f.upstream == embeddedUpstream {
+		addr, stop, err := startEmbeddedSim(f.sim)
+		if err != nil {
+			return nil, err
+		}
+		st.stops = append(st.stops, stop)
+		cfg.Upstream = "http://" + addr
+		log.Warn("no --upstream given: serving the simulated engine", zap.String("sim", cfg.Upstream))
+	}
+	st.upstream = cfg.Upstream
+	hcfg := f.histo
+	hcfg.SLOs = f.slos
+	hcfg.Inflight = func() int64 { return st.proxy.Inflight() }
+	hcfg.RetryStats = func() retry.Stats { return st.proxy.Retries().Stats() }
+	st.reg = prometheus.NewRegistry()
+	st.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if st.rec, err = histo.New(hcfg, st.reg); err != nil {
+		return nil, err
+	}
+	if st.proxy, err = proxy.New(cfg, log, st.rec); err != nil {
+		return nil, err
+	}
+	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
+		return nil, err
+	}
+	if st.ln, err = net.Listen("tcp", f.listen); err != nil {
+		return nil, fmt.Errorf("listening: %w", err)
+	}
+	st.stops = append(st.stops, func() { st.ln.Close() })
+	st.proxyURL = "http://" + st.ln.Addr().String()
+	if f.adminListen != "" {
+		addr, stop, err := startAdmin(f.adminListen, st.rec, log)
+		if err != nil {
+			return nil, err
+		}
+		st.stops = append(st.stops, stop)
+		st.adminURL = "http://" + addr
+	}
+	st.snaps.Start()
+	return st, nil
+}
+
+// close writes the final snapshot (call it once the proxy has drained, so
+// that the last window is whole) and stops the admin listener and the
+// embedded engine. It returns the final snapshot's error.
+func (st *stack) close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), finalSnapshotTimeout)
+	defer cancel()
+	err := st.snaps.Close(ctx)
+	st.stop()
+	return err
+}
+
+// stop runs the stop functions, newest first.
+func (st *stack) stop() {
+	for i := len(st.stops) - 1; i >= 0; i-- {
+		st.stops[i]()
+	}
+	st.stops = nil
 }
 
 // finalSnapshotTimeout bounds the wait for the final snapshot at shutdown,
 // so that a hung disk cannot hold the process.
 const finalSnapshotTimeout = 10 * time.Second
 
-// adminMux routes the admin endpoints: the Recorder's, and /snapshot.
+// adminMux routes the admin endpoints: the Recorder's, /snapshot, and the
+// dashboard at /.
 func adminMux(rec *histo.Recorder) *http.ServeMux {
 	mux := http.NewServeMux()
 	rec.Register(mux)
 	mux.Handle("GET /snapshot", snapshot.Handler(rec))
+	dashboard.Register(mux)
 	return mux
 }
 
-// startAdmin serves the admin endpoints on their own listener.
-func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (stop func(), err error) {
+// startAdmin serves the admin endpoints on their own listener and returns
+// the address it listens on.
+func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (bound string, stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("admin listener: %w", err)
+		return "", nil, fmt.Errorf("admin listener: %w", err)
 	}
 	hs := &http.Server{Handler: adminMux(rec), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -190,8 +254,9 @@ func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (stop func(),
 			log.Error("admin listener stopped", zap.Error(err))
 		}
 	}()
-	log.Info("admin listening", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"))
-	return func() { hs.Close() }, nil
+	log.Info("admin listening", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"),
+		zap.String("dashboard", "http://"+ln.Addr().String()+"/"))
+	return ln.Addr().String(), func() { hs.Close() }, nil
 }
 
 // serveUntilSignal serves until SIGTERM or SIGINT, then drains in-flight
@@ -224,8 +289,8 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 }
 
 // startEmbeddedSim starts the simulated engine on a loopback port.
-func startEmbeddedSim() (addr string, stop func(), err error) {
-	s, err := sim.New(sim.Config{})
+func startEmbeddedSim(cfg sim.Config) (addr string, stop func(), err error) {
+	s, err := sim.New(cfg)
 	if err != nil {
 		return "", nil, err
 	}

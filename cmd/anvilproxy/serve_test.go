@@ -2,60 +2,40 @@ package main
 
 import (
 	"context"
+	"flag"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
-	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
-	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
-// stack is serve's wiring on loopback ports: the simulated engine, the
-// proxy, its Recorder, the snapshot Writer and the admin endpoints.
-type stack struct {
-	proxyURL, adminURL string
-	reg                *prometheus.Registry
-	rec                *histo.Recorder
-	snaps              *snapshot.Writer
-}
-
-func startStack(t *testing.T, cfg snapshot.Config) *stack {
+// startTestStack starts serve's wiring on loopback ports, in front of a
+// fast simulated engine.
+func startTestStack(t *testing.T, cfg snapshot.Config) *stack {
 	t.Helper()
-	s, err := sim.New(sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 5000})
+	var f serveFlags
+	f.register(flag.NewFlagSet("serve", flag.ContinueOnError))
+	f.listen, f.adminListen = "127.0.0.1:0", "127.0.0.1:0"
+	f.snapshot = cfg
+	f.slos = sloFlag{{Metric: "ttft", Threshold: time.Second}}
+	f.sim = sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 5000}
+	st, err := startStack(&f, zap.NewNop())
 	require.NoError(t, err)
-	engine := httptest.NewServer(s)
-	t.Cleanup(engine.Close)
-
-	st := &stack{reg: prometheus.NewRegistry()}
-	st.rec, err = histo.New(histo.Config{SLOs: []histo.SLO{{Metric: "ttft", Threshold: time.Second}}}, st.reg)
-	require.NoError(t, err)
-	p, err := proxy.New(proxy.Config{Upstream: engine.URL}, zap.NewNop(), st.rec)
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := p.Server()
-	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	st.proxyURL = "http://" + ln.Addr().String()
-
-	st.snaps, err = snapshot.NewWriter(cfg, st.rec, st.reg, zap.NewNop())
-	require.NoError(t, err)
-	admin := httptest.NewServer(adminMux(st.rec))
-	t.Cleanup(admin.Close)
-	st.adminURL = admin.URL
-	st.snaps.Start()
+	srv := st.proxy.Server()
+	go srv.Serve(st.ln) //nolint:errcheck // ends at Shutdown
+	t.Cleanup(func() {
+		_ = srv.Shutdown()
+		_ = st.close()
+	})
 	return st
 }
 
@@ -91,7 +71,7 @@ func (st *stack) counter(t *testing.T, name string) float64 {
 // final snapshot at shutdown is a file that report reads.
 func TestSnapshotsAgainstSim(t *testing.T) {
 	dir := t.TempDir()
-	st := startStack(t, snapshot.Config{Dir: dir, Interval: time.Hour})
+	st := startTestStack(t, snapshot.Config{Dir: dir, Interval: time.Hour})
 	for range 3 {
 		st.chat(t)
 	}
@@ -121,7 +101,7 @@ func TestSnapshotsAgainstSim(t *testing.T) {
 // windows keep rotating.
 func TestSnapshotDiskGone(t *testing.T) {
 	dir := t.TempDir()
-	st := startStack(t, snapshot.Config{Dir: dir, Interval: 20 * time.Millisecond})
+	st := startTestStack(t, snapshot.Config{Dir: dir, Interval: 20 * time.Millisecond})
 	require.NoError(t, os.RemoveAll(dir))
 	deadline := time.Now().Add(10 * time.Second)
 	for st.counter(t, "anvilproxy_snapshot_errors_total") < 2 {

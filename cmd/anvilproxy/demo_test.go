@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// TestDemo runs "anvilproxy demo" for a few seconds: it prints where things
+// are, a live line, ends by itself, writes a snapshot and reports it.
+func TestDemo(t *testing.T) {
+	dir := t.TempDir()
+	code, out, errOut := runCmd("demo", "--duration", "4s", "--agents", "4", "--seed", "7",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--snapshot-dir", dir)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	for _, want := range []string{
+		"anvilproxy demo: 4 simulated coding agents for 4s",
+		"  dashboard  http://127.0.0.1:",
+		"  metrics    http://127.0.0.1:",
+		"  snapshots  " + dir,
+		"p50/p99 ms  queue ",
+		"demo finished after ",
+		"$ anvilproxy report " + filepath.Join(dir, "anvilproxy-*.json"),
+		"model qwen3-8b; protocol anvilproxy-passive-v1",
+		"time to first output",
+		"ttft <= 3s",
+	} {
+		require.Contains(t, out, want)
+	}
+	files, err := snapshotFiles(dir)
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	code, report, errOut := runCmd(append([]string{"report"}, files...)...)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, report, "the demo ends with the report of its snapshots")
+}
+
+func TestDemoFlags(t *testing.T) {
+	code, _, errOut := runCmd("demo", "--agents", "0")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "must be positive")
+	code, _, errOut = runCmd("demo", "--help")
+	require.Equal(t, 0, code)
+	require.Contains(t, errOut, "-duration duration")
+}
+
+func TestLiveTable(t *testing.T) {
+	nan := math.NaN()
+	s := liveStats{elapsed: 75 * time.Second, requests: 12, failed: 1, inflight: 5, rate: 2.5,
+		p50: [5]float64{812.4, 41.25, nan, 1412, 4.26}, p99: [5]float64{2301, 310.9, nan, 3650, 4.4},
+		cacheHit: 0.873, goodput: nan, amplification: 1.09}
+	slos := sloFlag{}
+	require.NoError(t, slos.Set("ttft=2s"))
+	block := s.block(time.Minute, slos)
+	require.Equal(t, []string{
+		"  1:15 / 1:00   12 requests, 1 failed   5 in flight   2.5 req/s   retry amplification 1.09x",
+		"  last 15s         queue   prefill      ttfo      ttft      tpot",
+		"  p50 ms             812      41.2         -      1412      4.26",
+		"  p99 ms            2301       311         -      3650      4.40",
+		"  cache hit 87.3% of prompt tokens   goodput - (ttft=2s)",
+	}, block)
+	require.Equal(t, "  1:15  12 req (1 failed)  5 in flight | p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40 | cache 87.3%  goodput -  retry 1.09x",
+		s.line())
+	require.Equal(t, 2.0, nearestRank([]float64{3, 1, 2, 4}, 0.5))
+	require.Equal(t, 4.0, nearestRank([]float64{3, 1, 2, 4}, 0.99))
+	require.True(t, math.IsNaN(nearestRank(nil, 0.5)))
+}
+
+// TestDashboardInBrowser loads the dashboard in headless Chromium against
+// a running demo and checks that every chart drew data, that the page ran
+// without a script error or a Content-Security-Policy violation (the policy
+// allows only its own listener), and saves a screenshot. It runs when
+// ANVIL_BROWSER_TEST is set, as .ci/run does after installing Debian's
+// chromium; ANVIL_SCREENSHOT names the screenshot file.
+func TestDashboardInBrowser(t *testing.T) {
+	if os.Getenv("ANVIL_BROWSER_TEST") == "" {
+		t.Skip("set ANVIL_BROWSER_TEST=1 to load the dashboard in headless Chromium (.ci/run does)")
+	}
+	bin := ""
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			bin = p
+			break
+		}
+	}
+	if bin == "" {
+		t.Skip("ANVIL_BROWSER_TEST is set but no chromium is installed (apt-get install chromium): dashboard not checked in a browser")
+	}
+	f := demoFlags{duration: time.Hour, agents: 6, listen: "127.0.0.1:0", adminListen: "127.0.0.1:0",
+		snapshotDir: t.TempDir(), interval: time.Hour, seed: 3}
+	require.NoError(t, f.slos.Set(demoSLOs))
+	d, err := startDemo(&f, zap.NewNop())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.finish(io.Discard, io.Discard) })
+	// About ten seconds of traffic: enough for every panel to have data.
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && (time.Since(d.started) < 10*time.Second || len(d.st.rec.Recent(100)) < 15) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	url := d.st.adminURL + "/"
+
+	dom, log := chromium(t, bin, "--dump-dom", url)
+	require.Contains(t, dom, `data-ready="true"`, "the page loaded requests and a snapshot; chromium said:\n%s", log)
+	for _, id := range []string{"chart-queue", "chart-prefill", "chart-ttfo", "chart-ttft", "chart-tpot", "waterfall", "where", "goodput", "cache", "retry", "drift"} {
+		el := element(dom, id)
+		require.Contains(t, el, "<svg", "#%s has a chart", id)
+		require.Regexp(t, `<(path|rect|circle)[ >]`, el, "#%s has marks", id)
+	}
+	require.GreaterOrEqual(t, strings.Count(dom, "<svg"), 11)
+	require.GreaterOrEqual(t, strings.Count(element(dom, "waterfall"), "<rect"), 15, "the waterfall has bars")
+	for _, bad := range []string{"Uncaught", "Content Security Policy", "Content-Security-Policy"} {
+		require.NotContains(t, log, bad)
+	}
+
+	shot := os.Getenv("ANVIL_SCREENSHOT")
+	if shot == "" {
+		shot = filepath.Join(os.TempDir(), "anvilproxy-dashboard.png")
+	}
+	chromium(t, bin, "--screenshot="+shot, "--window-size=1400,1000", url)
+	info, err := os.Stat(shot)
+	require.NoError(t, err)
+	require.Greater(t, info.Size(), int64(20_000), "a screenshot of a drawn page")
+	t.Logf("dashboard screenshot: %s", shot)
+}
+
+// chromium runs headless Chromium with no network beyond loopback and
+// returns its stdout and its log (stderr).
+func chromium(t *testing.T, bin string, args ...string) (stdout, log string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--disable-dev-shm-usage", "--user-data-dir=" + t.TempDir(),
+		"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+		"--enable-logging=stderr", "--v=0",
+		// Timers run in virtual time: the page polls a few times, and
+		// virtual time waits for each fetch to finish.
+		"--virtual-time-budget=6000"}
+	cmd := exec.CommandContext(ctx, bin, append(base, args...)...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	require.NoError(t, cmd.Run(), "chromium %s:\n%s", strings.Join(args, " "), errOut.String())
+	return out.String(), errOut.String()
+}
+
+// element returns the element with the id from a dumped DOM, up to the
+// start of the next element with an id of the page's own.
+func element(dom, id string) string {
+	i := strings.Index(dom, `id="`+id+`"`)
+	if i < 0 {
+		return ""
+	}
+	rest := dom[i+len(id)+5:]
+	if j := nextID.FindStringIndex(rest); j != nil {
+		rest = rest[:j[0]]
+	}
+	return rest
+}
+
+var nextID = regexp.MustCompile(`id="(chart-[a-z]+|waterfall|where|goodput|goodput-note|cache|cache-note|retry|drift|legend)"`)

@@ -1,0 +1,533 @@
+// anvilproxy dashboard. It polls two endpoints of the listener that served
+// it, by relative URL: requests (the recent per-request timings; every 1.5 s)
+// and snapshot (the current window as an anvil-serving.benchmark/v1
+// document; every 4 s), and draws everything as inline SVG. Percentiles are
+// nearest rank, as in the v1 schema. No content is ever shown: the
+// endpoints carry none.
+"use strict";
+(() => {
+  const REQUESTS_EVERY = 1500;
+  const SNAPSHOT_EVERY = 4000;
+  const HISTORY_MS = 5 * 60e3;
+  const BUCKET_MS = 5e3;
+  const MIN_SPAN_MS = 60e3;
+  const WATERFALL_ROWS = 26;
+  const MAX_KEPT = 20000;
+
+  const seen = new Map(); // request id → record, oldest first
+  let snap = null;
+  let skew = 0; // server clock − browser clock, ms
+  let lastOK = 0;
+  let lastError = "";
+
+  const $ = (id) => document.getElementById(id);
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+  const known = (v) => typeof v === "number" && isFinite(v);
+  const now = () => Date.now() + skew;
+
+  async function getJSON(path) {
+    const r = await fetch(path, { cache: "no-store" });
+    if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+    // The server's clock places requests in time; the Date header has one
+    // second resolution, so only a larger difference is taken as skew.
+    const d = Date.parse(r.headers.get("Date") || "");
+    if (isFinite(d)) {
+      const s = d - Date.now();
+      skew = Math.abs(s) > 2000 ? s : 0;
+    }
+    return r.json();
+  }
+
+  // ---- formatting ----
+
+  function fmtMs(ms) {
+    if (!known(ms)) return "–";
+    const a = Math.abs(ms);
+    if (a === 0) return "0";
+    if (a < 1) return ms.toFixed(2) + "ms";
+    if (a < 10) return ms.toFixed(1) + "ms";
+    if (a < 1000) return Math.round(ms) + "ms";
+    if (a < 10e3) return (ms / 1e3).toFixed(2) + "s";
+    if (a < 120e3) return (ms / 1e3).toFixed(1) + "s";
+    return (ms / 60e3).toFixed(1) + "m";
+  }
+  const pct = (f) => (known(f) ? (100 * f).toFixed(f >= 0.995 || f < 0.1 ? 1 : 0) + "%" : "–");
+  function fmtTok(n) {
+    if (!known(n)) return "–";
+    return n >= 10e3 ? (n / 1e3).toFixed(0) + "k" : n >= 1e3 ? (n / 1e3).toFixed(1) + "k" : String(n);
+  }
+  function niceCeil(v) {
+    if (!(v > 0)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (v <= m * p) return m * p;
+    return 10 * p;
+  }
+  function quantile(sorted, q) {
+    if (sorted.length === 0) return NaN;
+    return sorted[Math.max(0, Math.ceil(q * sorted.length) - 1)];
+  }
+  const width = (el, fallback) => Math.max(120, el.clientWidth || fallback);
+
+  // ---- data ----
+
+  function ingest(list) {
+    for (let i = list.length - 1; i >= 0; i--) {
+      const r = list[i];
+      if (seen.has(r.id)) continue;
+      const s = r.stamps_ms || {};
+      r._t0 = Date.parse(r.start);
+      const end = [s.client_done, s.end, r.e2e_ms].find(known);
+      r._fin = r._t0 + (known(end) ? end : 0);
+      seen.set(r.id, r);
+    }
+    const cutoff = now() - HISTORY_MS - BUCKET_MS;
+    for (const [id, r] of seen) {
+      if (seen.size > MAX_KEPT || r._fin < cutoff) seen.delete(id);
+      else break;
+    }
+  }
+
+  // timeRange is the x range of the charts over time: the last five
+  // minutes, or less while there is less history, but at least one.
+  function timeRange() {
+    const end = now();
+    let first = end;
+    for (const r of seen.values()) first = Math.min(first, r._fin);
+    const start = Math.max(end - HISTORY_MS, Math.min(end - MIN_SPAN_MS, Math.floor(first / BUCKET_MS) * BUCKET_MS));
+    return [start, end];
+  }
+  const spanText = (ms) => (ms >= 90e3 ? "−" + Math.round(ms / 60e3) + "m" : "−" + Math.round(ms / 1e3) + "s");
+
+  function records(since) {
+    const out = [];
+    for (const r of seen.values()) if (r._fin >= since) out.push(r);
+    return out;
+  }
+
+  // ---- SVG helpers ----
+
+  function svg(w, h, body, label) {
+    return `<svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${esc(label)}">${body}</svg>`;
+  }
+  const empty = (msg) => `<div class="empty">${esc(msg)}</div>`;
+
+  // lineChart draws series of [x, y] points (y null breaks the line) over
+  // the time range [x0, x1], y from 0.
+  function lineChart(el, series, x0, x1, label) {
+    const W = width(el, 250), H = 118, L = 40, R = 6, T = 6, B = 16;
+    let max = 0;
+    for (const s of series) for (const p of s.pts) if (p && known(p[1])) max = Math.max(max, p[1]);
+    if (max === 0 && !series.some((s) => s.pts.some((p) => p && known(p[1])))) {
+      el.innerHTML = empty("no requests yet");
+      return;
+    }
+    const top = niceCeil(max * 1.05);
+    const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+    const Y = (y) => T + (1 - y / top) * (H - T - B);
+    let b = "";
+    for (const f of [0, 0.5, 1]) {
+      b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f * top)}" y2="${Y(f * top)}"/>`;
+      b += `<text x="${L - 4}" y="${Y(f * top) + 3}" text-anchor="end">${fmtMs(f * top)}</text>`;
+    }
+    b += `<text x="${L}" y="${H - 3}">${spanText(x1 - x0)}</text><text x="${W - R}" y="${H - 3}" text-anchor="end">now</text>`;
+    for (const s of series) {
+      let d = "", pen = "M";
+      for (const p of s.pts) {
+        if (!p || !known(p[1])) { pen = "M"; continue; }
+        d += `${pen}${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`;
+        pen = "L";
+      }
+      if (d) b += `<path class="${s.cls}" d="${d}"/>`;
+      // A lone point draws no line: mark every point.
+      for (const p of s.pts) if (p && known(p[1]) && s.dots) b += `<circle class="${s.cls}" cx="${X(p[0]).toFixed(1)}" cy="${Y(p[1]).toFixed(1)}" r="1.6"/>`;
+    }
+    el.innerHTML = svg(W, H, b, label);
+  }
+
+  // ---- panels ----
+
+  const PHASES = [
+    ["queue", "queue_ms"],
+    ["prefill", "prefill_ms"],
+    ["ttfo", "time_to_first_output_ms"],
+    ["ttft", "ttft_ms"],
+    ["tpot", "tpot_ms"],
+  ];
+
+  function renderPhases() {
+    const [x0, t] = timeRange();
+    const start = Math.floor(x0 / BUCKET_MS) * BUCKET_MS;
+    const n = Math.ceil((t - start) / BUCKET_MS);
+    const buckets = PHASES.map(() => Array.from({ length: n }, () => []));
+    for (const r of records(start)) {
+      if (r.failed) continue;
+      const k = Math.floor((r._fin - start) / BUCKET_MS);
+      if (k < 0 || k >= n) continue;
+      PHASES.forEach(([, key], i) => { if (known(r[key])) buckets[i][k].push(r[key]); });
+    }
+    PHASES.forEach(([name], i) => {
+      const p50 = [], p99 = [];
+      buckets[i].forEach((vals, k) => {
+        const x = Math.max(x0, Math.min(start + (k + 0.5) * BUCKET_MS, t));
+        if (vals.length === 0) { p50.push(null); p99.push(null); return; }
+        vals.sort((a, b) => a - b);
+        p50.push([x, quantile(vals, 0.5)]);
+        p99.push([x, quantile(vals, 0.99)]);
+      });
+      lineChart($("chart-" + name), [
+        { cls: "p50 s-" + name, pts: p50, dots: true },
+        { cls: "p99 s-" + name, pts: p99 },
+      ], x0, t, name + " p50 and p99 over time");
+    });
+  }
+
+  const SEGMENTS = [
+    ["pqueue", "proxy queue"],
+    ["connect", "connect"],
+    ["queue", "engine queue"],
+    ["unknown", "queue + prefill (split unknown)"],
+    ["prefill", "prefill"],
+    ["reasoning", "reasoning"],
+    ["decode", "decode"],
+  ];
+
+  // segments lays a request's phases out from t_recv, in ms: proxy queue,
+  // connect, engine queue, prefill up to the first output, reasoning up to
+  // the first content, decode to the end of the upstream stream.
+  function segments(r) {
+    const s = r.stamps_ms || {};
+    const out = [];
+    const push = (a, b, cls) => { if (known(a) && known(b) && b > a) out.push([a, b, cls]); };
+    const fo = s.first_output, fc = s.first_content;
+    const end = [s.end, r.e2e_ms, s.client_done].find(known);
+    const pq = known(r.proxy_queue_ms) ? r.proxy_queue_ms : 0;
+    const conn = known(r.connect_ms) ? r.connect_ms : 0;
+    if (!known(fo)) {
+      push(0, end, "unknown");
+      return out;
+    }
+    push(0, pq, "pqueue");
+    if (known(r.queue_ms) && known(r.prefill_ms)) {
+      const eq = Math.max(0, r.queue_ms - pq);
+      push(pq, pq + conn, "connect");
+      push(pq + conn, Math.min(fo, pq + conn + eq), "queue");
+      push(Math.min(fo, pq + conn + eq), fo, "prefill");
+    } else {
+      push(pq, fo, "unknown");
+    }
+    const dec = known(fc) && fc > fo ? fc : fo;
+    push(fo, dec, "reasoning");
+    push(dec, end, "decode");
+    return out;
+  }
+
+  const ROUTES = { chat: "chat", completions: "compl", responses: "resp", messages: "msgs" };
+
+  function renderLegend() {
+    const sw = (cls) => `<svg width="10" height="10" aria-hidden="true"><rect class="f-${cls}" width="10" height="10" rx="2"/></svg>`;
+    $("legend").innerHTML = `<span>rows: route, prompt→output tokens, cached share</span>` + SEGMENTS.map(([cls, name]) => `<span>${sw(cls)}${esc(name)}</span>`).join("") +
+      `<span><svg width="10" height="10" aria-hidden="true"><line class="fail" x1="1" y1="1" x2="9" y2="9"/><line class="fail" x1="9" y1="1" x2="1" y2="9"/></svg>failed</span>`;
+  }
+
+  function renderWaterfall() {
+    const el = $("waterfall");
+    const recs = [...seen.values()].sort((a, b) => a._t0 - b._t0).slice(-WATERFALL_ROWS);
+    if (recs.length === 0) {
+      el.innerHTML = empty("no requests yet");
+      $("where").innerHTML = "";
+      return;
+    }
+    const W = width(el, 860), LBL = 160, R = 8, ROW = 12, GAP = 3, T = 2, B = 16;
+    const t0 = Math.min(...recs.map((r) => r._t0));
+    const t1 = Math.max(...recs.map((r) => r._fin), t0 + 1);
+    const span = t1 - t0;
+    const X = (ms) => LBL + (ms / span) * (W - LBL - R);
+    const H = T + recs.length * (ROW + GAP) + B;
+    let b = "";
+    const step = niceCeil(span / 8);
+    for (let v = 0; v <= span; v += step) {
+      b += `<line class="grid" x1="${X(v)}" x2="${X(v)}" y1="${T}" y2="${H - B}"/>`;
+      b += `<text x="${X(v)}" y="${H - 4}" text-anchor="middle">${fmtMs(v)}</text>`;
+    }
+    const totals = {};
+    recs.forEach((r, i) => {
+      const y = T + i * (ROW + GAP);
+      const off = r._t0 - t0;
+      const hit = known(r.cached_tokens) && r.prompt_tokens > 0 ? " " + pct(r.cached_tokens / r.prompt_tokens) : "";
+      b += `<text class="label" x="0" y="${y + ROW - 2}">${esc(ROUTES[r.route] || r.route)} ${fmtTok(r.prompt_tokens)}→${fmtTok(r.output_tokens)}${esc(hit)}</text>`;
+      const segs = segments(r);
+      for (const [a, c, cls] of segs) {
+        totals[cls] = (totals[cls] || 0) + (c - a);
+        const x = X(off + a), w = Math.max(0.8, X(off + c) - X(off + a));
+        b += `<rect class="f-${cls}" x="${x.toFixed(1)}" y="${y}" width="${w.toFixed(1)}" height="${ROW}"><title>${esc(SEGMENTS.find((s) => s[0] === cls)[1])}: ${fmtMs(c - a)}</title></rect>`;
+      }
+      if (r.failed) {
+        const x = X(r._fin - t0);
+        b += `<line class="fail" x1="${x - 4}" y1="${y + 1}" x2="${x + 4}" y2="${y + ROW - 1}"/><line class="fail" x1="${x + 4}" y1="${y + 1}" x2="${x - 4}" y2="${y + ROW - 1}"/>`;
+      }
+      b += `<rect x="${LBL}" y="${y}" width="${W - LBL - R}" height="${ROW}" fill="transparent"><title>${esc(tooltip(r))}</title></rect>`;
+    });
+    el.innerHTML = svg(W, H, b, "waterfall of the most recent requests");
+    renderWhere(totals);
+  }
+
+  function tooltip(r) {
+    const parts = [`${r.route} ${r.model || ""} status ${r.status}${r.failed ? " FAILED " + (r.error_kind || "") : ""}`,
+      `queue ${fmtMs(r.queue_ms)} (${r.queue_source}) · prefill ${fmtMs(r.prefill_ms)} · ttfo ${fmtMs(r.time_to_first_output_ms)} · ttft ${fmtMs(r.ttft_ms)}`,
+      `reasoning ${fmtMs(r.reasoning_ms)} · generation ${fmtMs(r.generation_ms)} · tpot ${fmtMs(r.tpot_ms)} · e2e ${fmtMs(r.e2e_ms)}`,
+      `prompt ${r.prompt_tokens} (cached ${r.cached_tokens}) · output ${r.output_tokens} (reasoning ${r.reasoning_tokens})`];
+    if (known(r.retry_attempt) && r.retry_attempt > 0) parts.push(`retry attempt ${r.retry_attempt}`);
+    return parts.join("\n");
+  }
+
+  // renderWhere is one bar: the waterfall's time by phase, waiting (the
+  // rail) against the engine working (the cook).
+  function renderWhere(totals) {
+    const el = $("where");
+    const sum = Object.values(totals).reduce((a, b) => a + b, 0);
+    if (!(sum > 0)) { el.innerHTML = ""; return; }
+    const W = width(el, 860), H = 32, L = 160;
+    let x = L, b = `<text class="label" x="0" y="13">where the time went</text>`;
+    const wait = (totals.pqueue || 0) + (totals.queue || 0);
+    const work = (totals.prefill || 0) + (totals.reasoning || 0) + (totals.decode || 0);
+    b += `<text x="0" y="27">waiting ${pct(wait / sum)} · engine ${pct(work / sum)}</text>`;
+    for (const [cls, name] of SEGMENTS) {
+      const v = totals[cls] || 0;
+      if (v <= 0) continue;
+      const w = (v / sum) * (W - L - 8);
+      b += `<rect class="f-${cls}" x="${x.toFixed(1)}" y="2" width="${w.toFixed(1)}" height="14"><title>${esc(name)}: ${pct(v / sum)}</title></rect>`;
+      const label = (cls === "unknown" ? "unsplit" : name) + " " + pct(v / sum);
+      if (w > label.length * 5.6 + 4) b += `<text x="${(x + 2).toFixed(1)}" y="28">${esc(label)}</text>`;
+      x += w;
+    }
+    el.innerHTML = svg(W, H, b, "share of time by phase");
+  }
+
+  function renderGoodput() {
+    const el = $("goodput"), note = $("goodput-note");
+    const g = snap && snap.anvilproxy && snap.anvilproxy.goodput;
+    if (!g) { el.innerHTML = empty("waiting for the first snapshot"); note.textContent = ""; return; }
+    const curves = g.slos || [];
+    const total = `${pct(g.ratio)} good: ${g.good} of ${g.requests} requests in this window`;
+    if (curves.length === 0) {
+      el.innerHTML = `<div class="big">${pct(g.ratio)}</div>`;
+      note.textContent = "no --slo configured: goodput is the share of requests that did not fail. " + total;
+      return;
+    }
+    const W = width(el, 400), H = 150, L = 34, R = 8, T = 8, B = 30;
+    const lo = Math.log2(0.25), hi = Math.log2(4);
+    const X = (m) => L + ((Math.log2(m) - lo) / (hi - lo)) * (W - L - R);
+    const Y = (f) => T + (1 - f) * (H - T - B);
+    let b = "";
+    for (const f of [0, 0.5, 1]) b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f)}" y2="${Y(f)}"/><text x="${L - 4}" y="${Y(f) + 3}" text-anchor="end">${f * 100}%</text>`;
+    for (const m of [0.25, 0.5, 1, 2, 4]) b += `<text x="${X(m)}" y="${H - B + 12}" text-anchor="middle">${m}×</text>`;
+    b += `<line class="budget" x1="${X(1)}" x2="${X(1)}" y1="${T}" y2="${H - B}"/>`;
+    const legend = [];
+    curves.forEach((c, i) => {
+      const k = (i % 5) + 1;
+      const pts = (c.curve || []).filter((p) => known(p.share));
+      if (pts.length) {
+        b += `<path class="p50 s-${k}" d="${pts.map((p, j) => (j ? "L" : "M") + X(p.multiple).toFixed(1) + "," + Y(p.share).toFixed(1)).join("")}"/>`;
+        for (const p of pts) b += `<circle class="d-${k}" cx="${X(p.multiple).toFixed(1)}" cy="${Y(p.share).toFixed(1)}" r="2.5"><title>${esc(c.metric)} ≤ ${fmtMs(p.budget_ms)}: ${pct(p.share)}</title></circle>`;
+      }
+      legend.push(`<tspan class="d-${k}">■</tspan> ${esc(c.metric)} ≤ ${fmtMs(c.threshold_ms)}: ${pct(c.ratio)}`);
+    });
+    b += `<text class="label" x="${L}" y="${H - 4}">${legend.join("   ")}</text>`;
+    el.innerHTML = svg(W, H, b, "goodput against budget multiples of each SLO");
+    note.textContent = "goodput (every SLO, 1×): " + total;
+  }
+
+  function renderCache() {
+    const el = $("cache"), note = $("cache-note");
+    const [x0, t] = timeRange();
+    const recs = records(x0).filter((r) => !r.failed && r.prompt_tokens > 0);
+    if (recs.length === 0) { el.innerHTML = empty("no requests yet"); note.textContent = ""; return; }
+    const W = width(el, 400), H = 130, L = 34, R = 8, T = 6, B = 16;
+    const X = (x) => L + ((x - x0) / (t - x0)) * (W - L - R);
+    const Y = (f) => T + (1 - f) * (H - T - B);
+    let b = "";
+    for (const f of [0, 0.5, 1]) b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f)}" y2="${Y(f)}"/><text x="${L - 4}" y="${Y(f) + 3}" text-anchor="end">${f * 100}%</text>`;
+    b += `<text x="${L}" y="${H - 3}">${spanText(t - x0)}</text><text x="${W - R}" y="${H - 3}" text-anchor="end">now</text>`;
+    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0;
+    for (const r of recs) {
+      if (known(r.cached_tokens)) {
+        cached += r.cached_tokens;
+        prompt += r.prompt_tokens;
+        b += `<circle class="dot-cache" cx="${X(r._fin).toFixed(1)}" cy="${Y(r.cached_tokens / r.prompt_tokens).toFixed(1)}" r="2.4"/>`;
+      }
+      if (known(r.prefix_reuse)) {
+        reuseN++;
+        reuseSum += r.prefix_reuse;
+        b += `<rect class="dot-reuse" x="${(X(r._fin) - 2.5).toFixed(1)}" y="${(Y(r.prefix_reuse) - 2.5).toFixed(1)}" width="5" height="5"/>`;
+      }
+    }
+    el.innerHTML = svg(W, H, b, "prefix cache hit per request over time");
+    const reuse = reuseN ? `proxy-side prefix reuse ${pct(reuseSum / reuseN)} mean over ${reuseN} (squares)` : "prefix reuse n/a (the proxy reports none)";
+    note.textContent = `engine cache hit ${prompt ? pct(cached / prompt) : "–"} of ${fmtTok(prompt)} prompt tokens, ${spanText(t - x0).slice(1)} (dots) · ${reuse}`;
+  }
+
+  function kv(pairs) {
+    return `<div class="kv">${pairs.map(([k, v]) => `<span>${esc(k)} <b>${esc(v)}</b></span>`).join("")}</div>`;
+  }
+
+  function table(cols, rows) {
+    const head = cols.map((c) => `<th class="${c.num ? "num" : ""}">${esc(c.name)}</th>`).join("");
+    const body = rows.map((r) => "<tr>" + cols.map((c) => `<td class="${c.num ? "num" : ""}">${esc(c.get(r))}</td>`).join("") + "</tr>").join("");
+    return `<table><thead><tr>${head}</tr></thead><tbody>${body}</tbody></table>`;
+  }
+
+  function hbars(items, W, label) {
+    if (items.length === 0) return "";
+    const max = Math.max(...items.map((i) => i[1]));
+    const L = 190, ROW = 14, H = items.length * (ROW + 3);
+    let b = "";
+    items.forEach(([name, n], i) => {
+      const y = i * (ROW + 3);
+      const w = Math.max(1, (n / max) * (W - L - 40));
+      b += `<text class="label" x="0" y="${y + 11}">${esc(name)}</text><rect class="f-queue" x="${L}" y="${y}" width="${w.toFixed(1)}" height="${ROW}"/><text x="${(L + w + 4).toFixed(1)}" y="${y + 11}">${n}</text>`;
+    });
+    return svg(W, H, b, label);
+  }
+
+  function renderRetry() {
+    const el = $("retry");
+    if (!snap) { el.innerHTML = empty("waiting for the first snapshot"); return; }
+    const rs = snap.anvilproxy && snap.anvilproxy.retry;
+    if (!rs) { el.innerHTML = empty("no retry data in this window"); return; }
+    const gap = rs.backoff_gap_ms || {};
+    let h = `<div class="big">${known(rs.amplification) ? rs.amplification.toFixed(2) + "×" : "–"}</div>`;
+    h += kv([["attempts", rs.attempts], ["logical", rs.logical_requests], ["retries", rs.retries],
+      ["by SDK header", rs.retries_by_header], ["wasted prompt tok", fmtTok(rs.wasted_prompt_tokens)],
+      ["wasted output tok", fmtTok(rs.wasted_completion_tokens)],
+      ["backoff p50/p90", `${fmtMs(gap.p50)} / ${fmtMs(gap.p90)}`]]);
+    const by = Object.entries(rs.retries_by_previous_outcome || {}).sort((a, b) => b[1] - a[1]);
+    h += by.length ? hbars(by, width(el, 420), "retries by what ended the previous attempt") : `<div class="empty">no retries</div>`;
+    const top = (rs.top_clients || []).filter((c) => c.retries > 0).slice(0, 5);
+    if (top.length) {
+      h += table([
+        { name: "client", get: (c) => c.client },
+        { name: "attempts", num: true, get: (c) => c.attempts },
+        { name: "logical", num: true, get: (c) => c.logical_requests },
+        { name: "retries", num: true, get: (c) => c.retries },
+        { name: "ampl.", num: true, get: (c) => (known(c.amplification) ? c.amplification.toFixed(2) + "×" : "–") },
+      ], top);
+    }
+    el.innerHTML = h;
+  }
+
+  // renderDrift shows the snapshot's prefix section (DESIGN.md §5): the
+  // counts, drifts by segment and class, and the latest drift events. Keys
+  // it does not know are shown as they come, so that a newer proxy's
+  // additions are not hidden.
+  function renderDrift() {
+    const el = $("drift");
+    if (!snap) { el.innerHTML = empty("waiting for the first snapshot"); return; }
+    const p = snap.anvilproxy && snap.anvilproxy.prefix;
+    if (p === null || p === undefined) { el.innerHTML = empty("not tracked: this proxy reports no prefix section"); return; }
+    if (typeof p !== "object" || Array.isArray(p)) { el.innerHTML = generic(p, 0); return; }
+    const rest = Object.assign({}, p);
+    const take = (k) => { const v = rest[k]; delete rest[k]; return v; };
+    const reuse = take("reuse") || {};
+    const pairs = [["tracked", take("tracked")], ["drifts", take("drifts")], ["masked", take("masked_drifts")],
+      ["prefix reuse mean", pct(reuse.mean)], ["p50", pct(reuse.p50)],
+      ["cache checked", take("cache_checked")], ["miss despite reuse", take("cache_miss_despite_reuse")],
+      ["expected cached tok", fmtTok(take("expected_cached_tokens"))], ["engine cached tok", fmtTok(take("engine_cached_tokens"))]]
+      .filter(([, v]) => v !== undefined);
+    let h = kv(pairs.map(([k, v]) => [k, scalar(v)]));
+    const untracked = Object.entries(take("untracked") || {}).filter(([, n]) => n > 0);
+    if (untracked.length) h += kv(untracked.map(([k, n]) => ["untracked " + k.replace(/_/g, " "), n]));
+    const by = Object.entries(take("drifts_by_segment_class") || {}).sort((a, b) => b[1] - a[1]);
+    if (by.length) h += hbars(by, Math.min(width(el, 600), 520), "drifts by segment/class");
+    const events = take("recent_drifts");
+    if (Array.isArray(events) && events.length) {
+      h += table([
+        { name: "at", get: (e) => (e.at ? new Date(e.at).toLocaleTimeString() : "–") },
+        { name: "conversation", get: (e) => e.conversation },
+        { name: "turn", num: true, get: (e) => e.turn },
+        { name: "segment", get: (e) => e.segment + (e.segment === "message" || e.segment === "tools" ? " " + e.message_index : "") },
+        { name: "role", get: (e) => e.role },
+        { name: "offset", num: true, get: (e) => (known(e.offset) ? e.offset + (e.offset_exact === false ? "~" : "") : "–") },
+        { name: "class", get: (e) => e.class },
+        { name: "lost bytes", num: true, get: (e) => fmtTok(e.lost_bytes) },
+      ], events.slice(-8).reverse());
+    } else if (Array.isArray(events)) {
+      h += `<div class="empty">no drift in this window</div>`;
+    }
+    if (Object.keys(rest).length) h += generic(rest, 1);
+    el.innerHTML = h;
+  }
+
+  function scalar(v) {
+    if (v === null) return "–";
+    if (typeof v === "number") return Number.isInteger(v) ? String(v) : v.toFixed(3);
+    return String(v);
+  }
+
+  function generic(v, depth) {
+    if (typeof v !== "object" || v === null) return kv([["value", scalar(v)]]);
+    if (Array.isArray(v)) {
+      if (v.length === 0) return `<div class="empty">none</div>`;
+      if (typeof v[0] !== "object" || v[0] === null) return kv([["values", v.map(scalar).join(", ")]]);
+      const keys = [];
+      for (const row of v.slice(0, 50)) for (const k of Object.keys(row)) if (!keys.includes(k) && keys.length < 9) keys.push(k);
+      return table(keys.map((k) => ({ name: k, num: typeof v[0][k] === "number", get: (r) => (typeof r[k] === "object" && r[k] !== null ? JSON.stringify(r[k]) : scalar(r[k])) })), v.slice(-12).reverse());
+    }
+    const pairs = [], nested = [];
+    for (const [k, x] of Object.entries(v)) {
+      if (typeof x === "object" && x !== null) nested.push([k, x]);
+      else pairs.push([k.replace(/_/g, " "), scalar(x)]);
+    }
+    let h = pairs.length ? kv(pairs) : "";
+    for (const [k, x] of nested) {
+      if (depth >= 2) { h += kv([[k, JSON.stringify(x)]]); continue; }
+      h += `<h2><small>${esc(k.replace(/_/g, " "))}</small></h2>` + generic(x, depth + 1);
+    }
+    return h || `<div class="empty">empty</div>`;
+  }
+
+  function renderHeader() {
+    const st = $("status");
+    const fresh = Date.now() - lastOK < 3 * REQUESTS_EVERY + 1000;
+    st.className = "status " + (lastError ? "error" : fresh ? "live" : "stale");
+    st.textContent = lastError ? "error" : fresh ? "live" : "stale";
+    st.title = lastError || "updated " + new Date(lastOK).toLocaleTimeString();
+    if (!snap) return;
+    const started = new Date(Date.parse(snap.started_at)).toLocaleTimeString();
+    $("summary").textContent = `${snap.model || "no model yet"} · window since ${started}: ${snap.requests} requests, ${snap.failed} failed · ${seen.size} recent kept`;
+  }
+
+  function render() {
+    renderHeader();
+    renderPhases();
+    renderWaterfall();
+    renderGoodput();
+    renderCache();
+    renderRetry();
+    renderDrift();
+    const ready = seen.size > 0 && snap !== null;
+    document.body.dataset.ready = String(ready);
+    document.body.dataset.requests = String(seen.size);
+    document.body.dataset.svgs = String(document.querySelectorAll("main svg").length);
+  }
+
+  async function poll(fn, every) {
+    for (;;) {
+      if (!document.hidden) {
+        try {
+          await fn();
+          lastOK = Date.now();
+          lastError = "";
+        } catch (e) {
+          lastError = String(e && e.message ? e.message : e);
+        }
+        render();
+      }
+      await new Promise((res) => setTimeout(res, every));
+    }
+  }
+
+  renderLegend();
+  window.addEventListener("resize", render);
+  poll(async () => ingest((await getJSON("requests?limit=512")).requests || []), REQUESTS_EVERY);
+  poll(async () => { snap = await getJSON("snapshot"); }, SNAPSHOT_EVERY);
+})();
