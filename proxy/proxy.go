@@ -464,6 +464,7 @@ func (p *Proxy) answerError(ctx *fasthttp.RequestCtx, r *relay, status int) {
 // finishHandler ends a request whose response has no streamed body.
 func (p *Proxy) finishHandler(r *relay) {
 	r.tr.ClientDone = time.Now()
+	r.endWatch()
 	_ = r.resp.CloseBodyStream()
 	p.finish(r)
 }
@@ -472,8 +473,13 @@ func (p *Proxy) finishHandler(r *relay) {
 func (p *Proxy) finish(r *relay) {
 	p.release(r)
 	tr := &r.tr
-	if r.isSSE && !r.sawEnd && tr.ErrKind == ErrNone {
-		tr.Truncated = true
+	if r.sawEnd && tr.ErrKind == ErrClientGone {
+		// The client had the end-of-stream event: closing before the
+		// chunked terminator (openai-go does, on [DONE]) lost it nothing.
+		tr.ErrSide, tr.ErrKind = SideNone, ErrNone
+	}
+	if r.isSSE && r.proto != sse.ProtocolUnknown && !r.sawEnd && tr.ErrKind == ErrNone {
+		tr.Truncated = true // a known protocol ended without its end marker
 	}
 	if r.isSSE && r.parser.Pending() > 0 {
 		tr.Truncated = true
@@ -494,11 +500,13 @@ func (p *Proxy) finish(r *relay) {
 // upstream slot, the limiter slot and the in-flight counts. It is
 // idempotent, so the panic path can call it whatever was released before.
 func (p *Proxy) release(r *relay) {
-	if r.stopWatch != nil {
-		r.stopWatch()
-		r.stopWatch = nil
-	}
+	r.endWatch()
 	if s := r.slot.Swap(nil); s != nil {
+		if r.hasLeft() {
+			// The watcher closed the slot's connection, possibly after
+			// it went back to the slot's idle pool: never reuse it.
+			s.hc.CloseIdleConnections()
+		}
 		p.pool.release(s)
 	}
 	if r.limited {
@@ -531,6 +539,12 @@ func (p *Proxy) readUsage(r *relay) {
 		}
 	}
 	tr.PromptTokens, tr.CompletionTokens = u.PromptTokens, u.CompletionTokens
+	if out := int64(tr.ReasoningEvents + tr.ContentEvents + tr.ToolEvents); tr.CompletionTokens >= 0 && tr.CompletionTokens < out {
+		// Every output event carries a token: a smaller count is a
+		// placeholder (Anthropic's message_start says 1) from a stream
+		// cut before its final usage. Fall back to counting events.
+		tr.CompletionTokens = -1
+	}
 	tr.CachedTokens, tr.ReasoningTokens = u.CachedTokens, u.ReasoningTokens
 	tr.ServerQueue = msDuration(r.timing.QueueMs)
 	tr.ServerPrefill = msDuration(r.timing.PrefillMs)

@@ -167,6 +167,7 @@ func (r *relay) Read(p []byte) (int, error) {
 // Close on BodyStream() instead would not (Bifrost #3341).
 func (r *relay) CloseWithError(err error) error {
 	r.tr.ClientDone = time.Now()
+	r.endWatch() // before the upstream connection can go back to its pool
 	if err != nil {
 		r.fail(SideClient, ErrClientGone)
 	}
@@ -182,6 +183,15 @@ func (r *relay) CloseWithError(err error) error {
 	_ = r.resp.CloseBodyStream()
 	r.p.finish(r)
 	return nil
+}
+
+// endWatch stops the client watch, once; the watcher has exited when it
+// returns, so it can no longer close the upstream connection.
+func (r *relay) endWatch() {
+	if r.stopWatch != nil {
+		r.stopWatch()
+		r.stopWatch = nil
+	}
 }
 
 // watch starts watching the client connection for the rest of the request.
