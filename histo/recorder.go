@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -42,11 +43,22 @@ type Config struct {
 	// RetryStats reads the proxy's retry tracker, for the rolling
 	// anvilproxy_retry_amplification gauge. nil leaves the gauge out.
 	RetryStats func() retry.Stats
+	// MaxConversations caps the conversations whose agent-side time is
+	// followed (least recently active evicted first); ConversationIdle
+	// forgets a conversation idle for longer. 0 means 4096 and 30 min.
+	MaxConversations int
+	ConversationIdle time.Duration
+	// SelfCheck configures the measurement-quality probe
+	// (Recorder.SelfCheck), which the caller starts.
+	SelfCheck SelfCheckConfig
 }
 
 func (c *Config) setDefaults() error {
-	if c.EngineSlots < 0 || c.RecentRequests < 0 || c.MaxWindowRequests < 0 {
-		return errors.New("histo: EngineSlots, RecentRequests and MaxWindowRequests must not be negative")
+	if c.EngineSlots < 0 || c.RecentRequests < 0 || c.MaxWindowRequests < 0 || c.MaxConversations < 0 || c.ConversationIdle < 0 {
+		return errors.New("histo: EngineSlots, RecentRequests, MaxWindowRequests, MaxConversations and ConversationIdle must not be negative")
+	}
+	if err := c.SelfCheck.setDefaults(); err != nil {
+		return err
 	}
 	if len(c.SLOs) > maxSLOs {
 		return fmt.Errorf("histo: at most %d SLOs, one per metric", maxSLOs)
@@ -65,6 +77,10 @@ func (c *Config) setDefaults() error {
 	c.EngineSlots = orDefault(c.EngineSlots, 4)
 	c.RecentRequests = orDefault(c.RecentRequests, 512)
 	c.MaxWindowRequests = orDefault(c.MaxWindowRequests, 100_000)
+	c.MaxConversations = orDefault(c.MaxConversations, DefaultMaxConversations)
+	if c.ConversationIdle == 0 {
+		c.ConversationIdle = DefaultConversationIdle
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -93,6 +109,9 @@ type Recorder struct {
 	prom   *metrics
 	retry  *retryMetrics
 	prefix *prefixMetrics
+	ledger *ledgerMetrics
+	conv   *convMetrics
+	self   *SelfCheck
 	model  rateModel
 	start  time.Time
 
@@ -104,6 +123,7 @@ type Recorder struct {
 	total  tally // all finished windows'; the current one is added on read
 	hist   [numRequestMetrics]pair
 	recent recent
+	convs  conversations
 }
 
 // New returns a Recorder that registers its metrics on reg. reg nil means
@@ -116,17 +136,21 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 		reg = prometheus.NewRegistry()
 	}
 	r := &Recorder{cfg: cfg, reg: reg, prom: newMetrics(), start: cfg.Now()}
-	r.cur = &window{start: r.start}
+	r.cur = newWindow(r.start, 0)
+	r.convs = newConversations(cfg.MaxConversations, cfg.ConversationIdle)
 	for m := range numRequestMetrics {
 		r.hist[m] = newPair(m, r.prom.clamped[m])
 	}
 	r.gap.p = newPair(MetricInterEvent, r.prom.clamped[MetricInterEvent])
 	r.relay.p = newPair(MetricOverhead, r.prom.clamped[MetricOverhead])
 	r.recent.buf = make([]Request, cfg.RecentRequests)
-	var retryCollectors, prefixCollectors []prometheus.Collector
+	var retryCollectors, prefixCollectors, ledgerCollectors, convCollectors, selfCollectors []prometheus.Collector
 	r.retry, retryCollectors = newRetryMetrics()
 	r.prefix, prefixCollectors = newPrefixMetrics()
-	retryCollectors = append(retryCollectors, prefixCollectors...)
+	r.ledger, ledgerCollectors = newLedgerMetrics()
+	r.conv, convCollectors = newConvMetrics()
+	r.self, selfCollectors = newSelfCheck(cfg.SelfCheck)
+	retryCollectors = slices.Concat(retryCollectors, prefixCollectors, ledgerCollectors, convCollectors, selfCollectors)
 	if cfg.RetryStats != nil {
 		retryCollectors = append(retryCollectors, amplificationGauge(cfg.RetryStats))
 	}
@@ -183,6 +207,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	}
 	r.retry.observe(tr)
 	r.prefix.observe(&tr.Prefix)
+	r.ledger.observe(&tr.Prefix)
 	var rq Request
 	newRequest(&rq, tr, r.Split(tr))
 	r.prom.tokens(&rq)
@@ -200,6 +225,11 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	defer r.mu.Unlock()
 	r.cur.retry.add(tr)
 	r.cur.prefix.add(tr)
+	r.cur.ledger.add(tr)
+	r.cur.knee.add(rq, tr)
+	turn := r.convs.add(tr, r.cur.conv.gen)
+	r.cur.conv.add(turn)
+	r.conv.observe(turn)
 	rq.Index = int(r.cur.tally.requests)
 	rq.Good = r.cur.tally.add(rq, r.cfg.SLOs)
 	if !rq.Failed {
@@ -254,6 +284,10 @@ func (r *Recorder) ObserveGap(d time.Duration) {
 	r.prom.gap.Observe(d.Seconds())
 	r.gap.record(micros(d))
 }
+
+// SelfCheck returns the measurement-quality probe, stopped until the caller
+// starts it; every window carries its verdict.
+func (r *Recorder) SelfCheck() *SelfCheck { return r.self }
 
 // Register adds the admin endpoints to mux: /metrics (Prometheus; protobuf
 // is negotiated for native histograms, OpenMetrics text otherwise),

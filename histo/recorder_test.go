@@ -273,6 +273,12 @@ func TestMetricNamesAndTypes(t *testing.T) {
 		"anvilproxy_prefix_drift_total":                    C,
 		"anvilproxy_prefix_cache_miss_despite_reuse_total": C,
 		"anvilproxy_prefix_untracked_total":                C,
+		"anvilproxy_prompt_share_ratio":                    H,
+		"anvilproxy_prompt_bytes_total":                    C,
+		"anvilproxy_agent_gap_seconds":                     H,
+		"anvilproxy_conversation_seconds_total":            C,
+		"anvilproxy_self_timer_overshoot_seconds":          H,
+		"anvilproxy_host_pressure_ratio":                   G,
 	}
 	require.Equal(t, want, got)
 

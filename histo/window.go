@@ -39,9 +39,15 @@ type Window struct {
 	QueueSources map[QueueSource]int64
 
 	// Retry is the window's client retry figures (DESIGN.md §6) and Prefix
-	// its prompt-prefix figures (§5); nil for Cumulative.
-	Retry  *RetrySection
-	Prefix *PrefixSection
+	// its prompt-prefix figures (§5); Conversations its agent-side time,
+	// Ledger its prompt composition, Concurrency its requests by engine
+	// load and Quality its measurement quality. All nil for Cumulative.
+	Retry         *RetrySection
+	Prefix        *PrefixSection
+	Conversations *ConversationsSection
+	Ledger        *LedgerSection
+	Concurrency   *ConcurrencySection
+	Quality       *QualitySection
 }
 
 // Encode returns every histogram in the HdrHistogram V2 compressed
@@ -76,6 +82,22 @@ type window struct {
 	sources [len(sources)]int64
 	retry   retryTally
 	prefix  prefixTally
+	ledger  ledgerTally
+	knee    kneeTally
+	conv    convTally
+}
+
+// newWindow returns the window starting at start, the gen-th since New,
+// with its histograms allocated (outside the Recorder's lock; a
+// concurrency level's come with its first request).
+func newWindow(start time.Time, gen uint64) *window {
+	w := &window{start: start}
+	w.conv.gen = gen
+	w.conv.gaps.h, w.conv.engineTurn.h = msShape.new(), msShape.new()
+	for p := range w.ledger.share {
+		w.ledger.share[p].h = shareShape.new()
+	}
+	return w
 }
 
 // add appends a copy of rq unless the window holds limit records already;
@@ -126,11 +148,13 @@ func (r *Recorder) Rotate() *Window {
 	}
 	now := r.cfg.Now()
 	out := &Window{End: now}
-	next := &window{start: now}
+	next := newWindow(now, 0)
 
 	r.mu.Lock()
 	old := r.cur
+	next.conv.gen = old.conv.gen + 1
 	r.cur = next
+	old.conv.sealed = r.convs.seal(old.conv.gen)
 	for m := range numRequestMetrics {
 		out.Hist[m], out.Clamped[m] = r.hist[m].swap(fresh[m])
 	}
@@ -148,6 +172,11 @@ func (r *Recorder) Rotate() *Window {
 	out.QueueSources = old.queueSources()
 	out.Retry = old.retry.section()
 	out.Prefix = old.prefix.section()
+	out.Conversations = old.conv.section()
+	out.Ledger = old.ledger.section()
+	out.Concurrency = old.knee.section()
+	quality := r.self.rotate()
+	out.Quality = r.self.section(&quality)
 	return out
 }
 
@@ -163,6 +192,10 @@ func (r *Recorder) Current() *Window {
 	cur.chunks = slices.Clone(cur.chunks)
 	cur.retry = r.cur.retry.clone()
 	cur.prefix = r.cur.prefix.clone()
+	cur.ledger = r.cur.ledger.clone()
+	cur.knee = r.cur.knee.clone()
+	cur.conv = r.cur.conv.clone()
+	cur.conv.sealed = r.convs.seal(cur.conv.gen)
 	for m := range numRequestMetrics {
 		out.Hist[m], out.Clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
 	}
@@ -178,6 +211,11 @@ func (r *Recorder) Current() *Window {
 	out.QueueSources = cur.queueSources()
 	out.Retry = cur.retry.section()
 	out.Prefix = cur.prefix.section()
+	out.Conversations = cur.conv.section()
+	out.Ledger = cur.ledger.section()
+	out.Concurrency = cur.knee.section()
+	quality := r.self.current()
+	out.Quality = r.self.section(&quality)
 	return out
 }
 

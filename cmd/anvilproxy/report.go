@@ -12,14 +12,17 @@ import (
 )
 
 // runReport reads v1 snapshots (the proxy's or the benchmark client's),
-// merges them exactly and prints the phase table; --json writes the merged
-// document. Flags may come before, between or after the files.
+// merges them exactly and prints the phase table and the lines after it
+// (snapshot.WriteTable); --json writes the merged document. Flags may come
+// before, between or after the files.
 func runReport(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: anvilproxy report [--json FILE|-] FILE...\n\n"+
-			"Merges anvil-serving.benchmark/v1 snapshots exactly and prints where the time goes.\n\n")
+			"Merges anvil-serving.benchmark/v1 snapshots exactly and prints where the time goes: the\n"+
+			"phases, then (for the proxy's files) the agent's time against the engine's, what the\n"+
+			"prompts are made of, the queue knee and whether the host measured cleanly.\n\n")
 		fs.PrintDefaults()
 	}
 	jsonOut := fs.String("json", "", `also write the merged v1 document to FILE ("-": to stdout, instead of the table)`)

@@ -22,6 +22,7 @@ import (
 	"github.com/anvilproxy/anvilproxy/histo/dashboard"
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
@@ -45,6 +46,17 @@ type serveFlags struct {
 	// sim configures the embedded engine of --upstream sim. It is not a
 	// flag: serve runs the calibrated default; demo and tests set it.
 	sim sim.Config
+}
+
+// listFlag collects a repeated string flag, one value per use (a regular
+// expression may contain commas).
+type listFlag []string
+
+func (f *listFlag) String() string { return strings.Join(*f, ",") }
+
+func (f *listFlag) Set(v string) error {
+	*f = append(*f, v)
+	return nil
 }
 
 // sloFlag collects repeated --slo metric=duration flags.
@@ -102,6 +114,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.NoForwardedFor, "no-forwarded-for", false, "do not append the client address to X-Forwarded-For")
 	fs.BoolVar(&c.PreserveHost, "preserve-host", false, "send the client's Host header upstream instead of the upstream's")
 	fs.BoolVar(&c.InsecureSkipVerify, "insecure-skip-verify", false, "do not verify an https upstream's certificate")
+	fs.Int64Var(&c.PrefixMaxBytes, "prefix-max-bytes", prefix.DefaultMaxIndexBytes, "memory cap of the prompt-prefix index, bytes (about 1.3 bytes per distinct prompt byte)")
+	fs.Var((*listFlag)(&c.VolatileFields), "volatile-field", "JSON key path masked before prefix hashing (e.g. metadata.timestamp); repeatable")
+	fs.Var((*listFlag)(&c.VolatilePatterns), "volatile-pattern", "regular expression on prompt text masked before prefix hashing (e.g. a timestamp); repeatable")
 }
 
 func runServe(args []string, stderr io.Writer) error {
@@ -154,8 +169,8 @@ type stack struct {
 
 // startStack builds the stack that f describes. On error, whatever it
 // started is stopped again.
-func startStack(f *serveFlags, log *zap.Logger) (st *stack, err error) {
-	st = &stack{}
+func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
+	st := &stack{}
 	defer func() {
 		if err != nil {
 			st.stop()
@@ -185,6 +200,8 @@ func startStack(f *serveFlags, log *zap.Logger) (st *stack, err error) {
 	if st.rec, err = histo.New(hcfg, st.reg); err != nil {
 		return nil, err
 	}
+	st.rec.SelfCheck().Start()
+	st.stops = append(st.stops, st.rec.SelfCheck().Stop)
 	if st.proxy, err = proxy.New(cfg, log, st.rec); err != nil {
 		return nil, err
 	}

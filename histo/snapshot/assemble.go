@@ -50,6 +50,12 @@ type part struct {
 	goodput  *histo.Goodput                            // nil: unknown
 	retry    *histo.RetrySection                       // nil: unknown (a benchmark file)
 	prefix   *histo.PrefixSection                      // nil: unknown (a benchmark file)
+	// The sections of agent-side time, prompt composition, engine load
+	// and measurement quality; nil: unknown.
+	conversations *histo.ConversationsSection
+	ledger        *histo.LedgerSection
+	concurrency   *histo.ConcurrencySection
+	quality       *histo.QualitySection
 
 	queueSources map[string]int64
 	clamped      map[string]int64

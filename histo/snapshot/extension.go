@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -18,6 +19,13 @@ type Extension struct {
 	// Clamped counts, per metric, the values recorded at the end of the HDR
 	// range because they fell outside it.
 	Clamped map[string]int64 `json:"clamped"`
+	// Concurrency is histo.ConcurrencySection: the requests by the
+	// engine's load when admitted, each level's queue and service, the
+	// queue knee and a reading of where the traffic sits.
+	Concurrency json.RawMessage `json:"concurrency"`
+	// Conversations is histo.ConversationsSection: each conversation's
+	// time in the engine against the agent's own between turns.
+	Conversations json.RawMessage `json:"conversations"`
 	// Distributions are the phases the benchmark has no metrics key for:
 	// queue_ms, prefill_ms, reasoning_ms and connect_ms over successful
 	// requests (exact or HDR as PercentileSource says), and the per-event
@@ -37,6 +45,9 @@ type Extension struct {
 	// upstream at once, as seen at admission (the benchmark's "concurrency"
 	// is a setting the proxy does not have).
 	MaxInflightObserved histo.Count `json:"max_inflight_observed"`
+	// MeasurementQuality is histo.QualitySection: whether the host let the
+	// proxy take its stamps on time ("good" or "noisy", with reasons).
+	MeasurementQuality json.RawMessage `json:"measurement_quality"`
 	// Models counts requests (failed included) per model label.
 	Models map[string]int64 `json:"models"`
 	// Notes are caveats a reader must know, in words.
@@ -54,6 +65,9 @@ type Extension struct {
 	// Prefix is histo.PrefixSection (DESIGN.md §5); null in merges of
 	// files that have none (the benchmark client's).
 	Prefix json.RawMessage `json:"prefix"`
+	// PromptLedger is histo.LedgerSection: the prompts' bytes by part
+	// (system, tools, history, last turn) and how they grow with turns.
+	PromptLedger json.RawMessage `json:"prompt_ledger"`
 	// QueueSplit is the queue/prefill split by source (DESIGN.md §3):
 	// requests per source, failed and dropped included, and the queue and
 	// prefill distributions of the successful requests with a record.
@@ -171,20 +185,36 @@ func (pop *population) extension(doc *Document) (*Extension, error) {
 		}
 	}
 	ext.Goodput = pop.goodput(ext)
-	retries := make([]*histo.RetrySection, len(pop.parts))
-	prefixes := make([]*histo.PrefixSection, len(pop.parts))
-	for i, p := range pop.parts {
-		retries[i], prefixes[i] = p.retry, p.prefix
-	}
-	var err error
-	if ext.Retry, err = rawSection(histo.MergeRetry(retries...)); err != nil {
-		return nil, err
-	}
-	if ext.Prefix, err = rawSection(histo.MergePrefix(prefixes...)); err != nil {
+	if err := pop.sections(ext); err != nil {
 		return nil, err
 	}
 	ext.Notes = dedupe(append(ext.Notes, pop.notes(ext)...))
 	return ext, nil
+}
+
+// sections merges the inputs' sections into ext; a section none of them
+// has stays null.
+func (pop *population) sections(ext *Extension) error {
+	n := len(pop.parts)
+	retries, prefixes := make([]*histo.RetrySection, n), make([]*histo.PrefixSection, n)
+	convs, ledgers := make([]*histo.ConversationsSection, n), make([]*histo.LedgerSection, n)
+	levels, quality := make([]*histo.ConcurrencySection, n), make([]*histo.QualitySection, n)
+	for i, p := range pop.parts {
+		retries[i], prefixes[i] = p.retry, p.prefix
+		convs[i], ledgers[i], levels[i], quality[i] = p.conversations, p.ledger, p.concurrency, p.quality
+	}
+	q := histo.MergeQuality(quality...)
+	if q != nil && q.Verdict == histo.VerdictNoisy {
+		ext.Notes = append(ext.Notes, "the host was noisy in at least one window (measurement_quality): the proxy's stamps may include its scheduling delays")
+	}
+	var errs [6]error
+	ext.Retry, errs[0] = rawSection(histo.MergeRetry(retries...))
+	ext.Prefix, errs[1] = rawSection(histo.MergePrefix(prefixes...))
+	ext.Conversations, errs[2] = rawSection(histo.MergeConversations(convs...))
+	ext.PromptLedger, errs[3] = rawSection(histo.MergeLedger(ledgers...))
+	ext.Concurrency, errs[4] = rawSection(histo.MergeConcurrency(levels...))
+	ext.MeasurementQuality, errs[5] = rawSection(q)
+	return errors.Join(errs[:]...)
 }
 
 // queueSplit is requests per queue source and, over the successful

@@ -69,17 +69,8 @@ func docPart(d *Document) (*part, error) {
 	}
 	p.complete = ext.DroppedRecords == 0
 	p.goodput = &ext.Goodput
-	if len(ext.Prefix) > 0 && string(ext.Prefix) != "null" {
-		p.prefix = &histo.PrefixSection{}
-		if err := json.Unmarshal(ext.Prefix, p.prefix); err != nil {
-			return nil, fmt.Errorf("anvilproxy.prefix: %w", err)
-		}
-	}
-	if len(ext.Retry) > 0 && string(ext.Retry) != "null" {
-		p.retry = &histo.RetrySection{}
-		if err := json.Unmarshal(ext.Retry, p.retry); err != nil {
-			return nil, fmt.Errorf("anvilproxy.retry: %w", err)
-		}
+	if err := p.sections(ext); err != nil {
+		return nil, err
 	}
 	p.queueSources = make(map[string]int64, len(ext.QueueSplit))
 	for s, split := range ext.QueueSplit {
@@ -99,6 +90,30 @@ func docPart(d *Document) (*part, error) {
 		p.cacheHitSum = avg * float64(p.cacheHitN)
 	}
 	return p, nil
+}
+
+// sections reads the extension's sections; a missing or null one stays
+// nil.
+func (p *part) sections(ext *Extension) error {
+	var errs [6]error
+	p.prefix, errs[0] = section[histo.PrefixSection](ext.Prefix, "prefix")
+	p.retry, errs[1] = section[histo.RetrySection](ext.Retry, "retry")
+	p.conversations, errs[2] = section[histo.ConversationsSection](ext.Conversations, "conversations")
+	p.ledger, errs[3] = section[histo.LedgerSection](ext.PromptLedger, "prompt_ledger")
+	p.concurrency, errs[4] = section[histo.ConcurrencySection](ext.Concurrency, "concurrency")
+	p.quality, errs[5] = section[histo.QualitySection](ext.MeasurementQuality, "measurement_quality")
+	return errors.Join(errs[:]...)
+}
+
+func section[T any](raw json.RawMessage, key string) (*T, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	v := new(T)
+	if err := json.Unmarshal(raw, v); err != nil {
+		return nil, fmt.Errorf("anvilproxy.%s: %w", key, err)
+	}
+	return v, nil
 }
 
 // fromBenchmark fills what a file without the anvilproxy extension lacks:

@@ -10,7 +10,9 @@ import (
 // WriteTable prints doc, from Build or Merge, as the phase table of "anvilproxy report": where
 // the time goes (p50/p90/p99 of each phase), decode and prefill rates, the
 // prefix-cache hit rate and goodput, in aligned columns with units in the
-// headers.
+// headers; then, when the document has them, the agent/engine split of
+// conversations, the prompt ledger, the queue knee and the measurement
+// quality.
 func WriteTable(w io.Writer, doc *Document) error {
 	ext := doc.Anvilproxy
 	if ext == nil {
@@ -60,6 +62,9 @@ func WriteTable(w io.Writer, doc *Document) error {
 			points[i] = fmt.Sprintf("%gx %s", p.Multiple, percent(Num(p.Share)))
 		}
 		fmt.Fprintf(&b, "  %s <= %s: %s; at budget %s\n", c.Metric, time.Duration(c.Threshold), percent(Num(c.Ratio)), strings.Join(points, ", "))
+	}
+	if err := writeBeyond(&b, ext); err != nil {
+		return err
 	}
 	for _, n := range ext.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)

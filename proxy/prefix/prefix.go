@@ -197,6 +197,7 @@ func (t *Tracker) Observe(proto Protocol, body []byte, at time.Time) Result {
 	}
 
 	t.resolve(sc)
+	system, tools, history, last := composition(sc.segs)
 
 	// Fingerprint only the segments the index does not hold yet, outside
 	// the lock; the ones it holds stay pinned meanwhile.
@@ -224,6 +225,7 @@ func (t *Tracker) Observe(proto Protocol, body []byte, at time.Time) Result {
 		}
 	}
 	res := t.match(sc)
+	res.SystemBytes, res.ToolsBytes, res.HistoryBytes, res.LastTurnBytes = system, tools, history, last
 	for _, f := range sc.fps {
 		t.ix.unpin(f)
 	}

@@ -232,3 +232,34 @@ func (t *Tracker) fingerprint(sc *scratch, i int) *fingerprint {
 	}
 	return t.newFingerprint(s, sc.canon.dst[s.start:s.end], parts, &sc.masks)
 }
+
+// composition splits the prompt's bytes into system, tools, history and
+// last turn (see Result.SystemBytes). The last turn starts after the last
+// assistant message: what the agent added since the model last spoke. A
+// completions prompt has no parts.
+func composition(segs []segment) (system, tools, history, last int64) {
+	split := -1 // index of the last assistant message
+	for i := len(segs) - 1; i >= 0; i-- {
+		if segs[i].kind == SegmentMessage && segs[i].role == RoleAssistant {
+			split = i
+			break
+		}
+	}
+	for i := range segs {
+		s := &segs[i]
+		n := int64(s.size)
+		switch {
+		case s.kind == SegmentSystem:
+			system += n
+		case s.kind == SegmentTools:
+			tools += n
+		case s.kind != SegmentMessage:
+			return 0, 0, 0, 0
+		case i <= split:
+			history += n
+		default:
+			last += n
+		}
+	}
+	return system, tools, history, last
+}

@@ -158,6 +158,18 @@ type Result struct {
 	ReusableTokensEst int64 // ReusableBytes / Config.BytesPerToken
 	Segments          int   // how many segments the prompt has
 
+	// The prompt's composition: PromptBytes split into the system
+	// segments, the tools segment, the history (the messages up to and
+	// including the last assistant message) and the last turn (the
+	// messages after it: the new user input or tool results; every
+	// message when none is from the assistant). Their sum is PromptBytes.
+	// All are zero for completions prompts, which have no such structure,
+	// and for untracked requests.
+	SystemBytes   int64
+	ToolsBytes    int64
+	HistoryBytes  int64
+	LastTurnBytes int64
+
 	// ConversationID identifies the conversation the request continues (or
 	// starts): a keyed hash, stable for the life of the Tracker and
 	// meaningless outside it. Turn counts the earlier requests of that
