@@ -111,12 +111,18 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	dom, log := chromium(t, bin, "--dump-dom", url)
 	require.Contains(t, dom, `data-ready="true"`, "the page loaded requests and a snapshot; chromium said:\n%s", log)
-	for _, id := range []string{"chart-queue", "chart-prefill", "chart-ttfo", "chart-ttft", "chart-tpot", "waterfall", "where", "goodput", "cache", "retry", "drift"} {
+	for _, id := range []string{"chart-queue", "chart-prefill", "chart-ttfo", "chart-ttft", "chart-tpot", "waterfall", "where", "goodput", "cache"} {
 		el := element(dom, id)
 		require.Contains(t, el, "<svg", "#%s has a chart", id)
 		require.Regexp(t, `<(path|rect|circle)[ >]`, el, "#%s has marks", id)
 	}
-	require.GreaterOrEqual(t, strings.Count(dom, "<svg"), 11)
+	// Retries and drifts depend on what the agents did in these seconds:
+	// a chart when there were some, the panel's empty state otherwise.
+	for _, id := range []string{"retry", "drift"} {
+		el := element(dom, id)
+		require.True(t, strings.Contains(el, "<svg") || strings.Contains(el, `class="empty"`), "#%s rendered neither a chart nor its empty state", id)
+	}
+	require.GreaterOrEqual(t, strings.Count(dom, "<svg"), 9)
 	require.GreaterOrEqual(t, strings.Count(element(dom, "waterfall"), "<rect"), 15, "the waterfall has bars")
 	for _, bad := range []string{"Uncaught", "Content Security Policy", "Content-Security-Policy"} {
 		require.NotContains(t, log, bad)
