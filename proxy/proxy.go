@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -266,8 +268,11 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r.conn = ctx.Conn()
 	ctx.Response.ImmediateHeaderFlush = true
 	size := r.resp.Header.ContentLength()
-	if size < 0 || r.inject {
-		size = -1 // chunked, until close, or filtered: chunked to the client
+	if size < 0 || r.inject || r.isSSE {
+		// Chunked to the client: fasthttp writes a fixed-size body through
+		// a buffer it never flushes, which would hold back every event of
+		// an SSE response that came with a Content-Length.
+		size = -1
 	}
 	ctx.Response.SetBodyStream(r, size)
 }
@@ -401,12 +406,28 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request) (i
 	}
 	req.URI().SetHost(p.up.host)
 	if err := readBody(ctx, req, p.cfg.MaxBodyBytes); err != nil {
-		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-			return fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
-		}
-		return fasthttp.StatusBadRequest, ErrBadRequest
+		// The rest of the body is unread: the connection cannot carry
+		// another request (a pipelined one would be read from the middle).
+		ctx.SetConnectionClose()
+		return bodyFailure(err)
 	}
 	return 0, ErrNone
+}
+
+// bodyFailure maps an error reading a request (its body, or as fasthttp
+// reports it, the whole request) to a status: 413 over the limit, 408 on
+// the read timeout, 499 when the client went away mid-upload (not its
+// fault as a malformed request: it is gone), 400 otherwise.
+func bodyFailure(err error) (int, ErrKind) {
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		return fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+	case isTimeout(err):
+		return fasthttp.StatusRequestTimeout, ErrBadRequest
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, net.ErrClosed):
+		return StatusClientClosed, ErrClientGone
+	}
+	return fasthttp.StatusBadRequest, ErrBadRequest
 }
 
 // readBody reads the client's body into req, at most limit bytes.
@@ -431,17 +452,12 @@ func readBody(ctx *fasthttp.RequestCtx, req *fasthttp.Request, limit int) error 
 
 // handleReadError answers requests fasthttp could not read, with the status
 // the anchors use: 413 for a large body (fasthttp's default is 400), 431 for
-// large headers, 408 for a read timeout, 400 otherwise.
+// large headers, 408 for a read timeout, 499 for a client gone mid-request,
+// 400 otherwise.
 func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	status, kind := fasthttp.StatusBadRequest, ErrBadRequest
-	var small *fasthttp.ErrSmallBuffer
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		status, kind = fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
-	case errors.As(err, &small):
-		status = fasthttp.StatusRequestHeaderFieldsTooLarge
-	case isTimeout(err):
-		status = fasthttp.StatusRequestTimeout
+	status, kind := bodyFailure(err)
+	if small := (*fasthttp.ErrSmallBuffer)(nil); errors.As(err, &small) {
+		status, kind = fasthttp.StatusRequestHeaderFieldsTooLarge, ErrBadRequest
 	}
 	r := p.relays.Get().(*relay)
 	r.tr.ID = p.nextID.Add(1)
@@ -451,6 +467,7 @@ func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
 	p.inflight.Add(1)
 	r.counted = true
 	p.answerError(ctx, r, status)
+	ctx.SetConnectionClose()
 }
 
 // answerError sends a proxy-made error response and ends the request.
