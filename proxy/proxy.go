@@ -162,18 +162,25 @@ func (l serverLog) Printf(format string, _ ...any) {
 // two ways is a smuggling shape, and Envoy and Go reject it: so do we,
 // before anything reaches the upstream.
 func ambiguousFraming(h *fasthttp.RequestHeader) bool {
-	if h.ContentLength() != -1 { // not chunked
-		return false
-	}
+	chunked := h.ContentLength() == -1
 	raw := h.RawHeaders()
 	for len(raw) > 0 {
 		var line []byte
 		line, raw, _ = bytes.Cut(raw, []byte("\n"))
-		if len(line) > len("content-length:") && bytes.EqualFold(line[:len("content-length:")], []byte("content-length:")) {
+		if chunked && hasHeaderName(line, "content-length:") {
+			return true
+		}
+		// Transfer-Encoding other than chunked (identity): fasthttp reads
+		// it as "no body" and would parse the body as the next request.
+		if !chunked && hasHeaderName(line, "transfer-encoding:") {
 			return true
 		}
 	}
 	return false
+}
+
+func hasHeaderName(line []byte, name string) bool {
+	return len(line) > len(name) && bytes.EqualFold(line[:len(name)], []byte(name))
 }
 
 // Handle serves one request: read it, forward it, hand the response body to
@@ -193,11 +200,15 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	if ambiguousFraming(&ctx.Request.Header) {
 		r.fail(SideClient, ErrBadRequest)
 		p.answerError(ctx, r, fasthttp.StatusBadRequest)
+		ctx.SetConnectionClose() // the body's framing is unknown: so is where the next request starts
 		return
 	}
 	if status, kind := p.buildRequest(ctx, &r.req); status != 0 {
 		r.fail(SideClient, kind)
 		p.answerError(ctx, r, status)
+		// The rest of the body is unread: the connection cannot carry
+		// another request (a pipelined one would be read from the middle).
+		ctx.SetConnectionClose()
 		return
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
@@ -395,6 +406,13 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request) (i
 	}
 	req.SetRequestURIBytes(uri)
 	req.URI().DisablePathNormalizing = true
+	// An absolute-form target names its own scheme; the upstream's wins, as
+	// its host does (the HostClient refuses a scheme other than its own).
+	if p.up.tls {
+		req.URI().SetScheme("https")
+	} else {
+		req.URI().SetScheme("http")
+	}
 	stripHops(&req.Header)
 	if !p.cfg.NoForwardedFor {
 		appendForwardedFor(&req.Header, ctx.RemoteIP())
@@ -406,9 +424,6 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request) (i
 	}
 	req.URI().SetHost(p.up.host)
 	if err := readBody(ctx, req, p.cfg.MaxBodyBytes); err != nil {
-		// The rest of the body is unread: the connection cannot carry
-		// another request (a pipelined one would be read from the middle).
-		ctx.SetConnectionClose()
 		return bodyFailure(err)
 	}
 	return 0, ErrNone
@@ -446,6 +461,12 @@ func readBody(ctx *fasthttp.RequestCtx, req *fasthttp.Request, limit int) error 
 	}
 	if lr.N <= 0 {
 		return fasthttp.ErrBodyTooLarge
+	}
+	// fasthttp's server body stream ends a body cut short by the client's
+	// FIN with io.EOF: a body shorter than its Content-Length is a client
+	// that left, never a whole request to forward.
+	if cl := ctx.Request.Header.ContentLength(); cl >= 0 && len(req.Body()) < cl {
+		return io.ErrUnexpectedEOF
 	}
 	return nil
 }
