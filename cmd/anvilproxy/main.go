@@ -1,5 +1,6 @@
 // Command anvilproxy is a transparent measuring reverse proxy for LLM
-// inference servers. Subcommands: serve (the default), sim, demo and report.
+// inference servers. Subcommands: serve (the default), sim, demo, report and
+// bench.
 //
 // Flags are parsed here and only here; the packages take plain Config structs.
 package main
@@ -23,6 +24,7 @@ Usage:
   anvilproxy sim [flags]       run the simulated inference server
   anvilproxy demo [flags]      sim + proxy + simulated coding agents, with a live table and dashboard
   anvilproxy report FILE...    merge v1 snapshots and print where the time goes
+  anvilproxy bench [--quick]   measure the proxy's overhead against direct, nginx, Caddy, HAProxy
   anvilproxy help              show this help
 
 Run "anvilproxy <command> --help" for the flags of a command.
@@ -48,6 +50,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runDemo(args, stdout, stderr)
 	case "report":
 		err = runReport(args, stdout, stderr)
+	case "bench":
+		err = runBench(args, stdout, stderr)
 	case "help":
 		fmt.Fprint(stdout, usage)
 		return 0

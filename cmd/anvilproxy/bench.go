@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy/bench"
+)
+
+// childProfileFlag makes "anvilproxy bench" run serve with a CPU profile
+// written when it exits: the bench starts its anvilproxy child this way for
+// --proxy-cpuprofile, since serve has no profiling of its own.
+const childProfileFlag = "--as-profiled-serve"
+
+type benchFlags struct {
+	quick        bool
+	jsonOut      string
+	streams      string
+	events       int
+	gap          time.Duration
+	targets      string
+	cpuProfile   string
+	capacityOnly bool
+	cfg          bench.Config
+}
+
+func (f *benchFlags) register(fs *flag.FlagSet) {
+	d := bench.DefaultConfig()
+	c := &f.cfg
+	fs.BoolVar(&f.quick, "quick", false, "smoke run, under a minute on 2 cores: 1 and 64 streams, 2 rounds, a short throughput test (flags given explicitly still apply)")
+	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to FILE")
+	fs.StringVar(&f.streams, "streams", "", "comma-separated stream concurrencies (default 1,64,1000; with --quick 1,64)")
+	fs.IntVar(&f.events, "events", 0, "content events per stream, every level (default: 20 at 1 stream, 100 at 64, 20 at 1000)")
+	fs.DurationVar(&f.gap, "gap", 0, "time between a stream's events, every level (default: 5ms up to 64 streams, 50ms at 1000, so that 1000 streams offer 20,000 events/s)")
+	fs.IntVar(&c.EventBytes, "event-bytes", d.EventBytes, fmt.Sprintf("size of one SSE event on the wire, in bytes (at least %d)", bench.MinEventBytes))
+	fs.IntVar(&c.Rounds, "rounds", 0, fmt.Sprintf("interleaved rounds per stream level (default %d; --quick 2)", d.Rounds))
+	fs.DurationVar(&c.Cell, "round", 0, fmt.Sprintf("how long the clients keep starting streams in one round (default %v; --quick 600ms)", d.Cell))
+	fs.IntVar(&c.SmallWorkers, "non-stream-clients", d.SmallWorkers, "closed-loop clients of the non-stream throughput test")
+	fs.IntVar(&c.SmallRounds, "non-stream-rounds", 0, fmt.Sprintf("interleaved rounds of the throughput test (default %d; --quick 2); -1 skips it", d.SmallRounds))
+	fs.DurationVar(&c.SmallCell, "non-stream-round", 0, fmt.Sprintf("length of one throughput round (default %v; --quick 500ms)", d.SmallCell))
+	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy, nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
+	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
+	fs.IntVar(&c.Capacity, "capacity", 0, "hold N slow streams open through anvilproxy at once and report its memory per stream; alone, runs only that")
+	fs.IntVar(&c.CapacityEvents, "capacity-events", d.CapacityEvents, "events per stream of the capacity run")
+	fs.DurationVar(&c.CapacityGap, "capacity-gap", d.CapacityGap, "time between events in the capacity run")
+	fs.DurationVar(&c.CapacityRamp, "capacity-ramp", d.CapacityRamp, "how long opening the capacity run's streams takes")
+}
+
+// runBench measures the proxy's own overhead (DESIGN.md §10). The proxy
+// runs as a child process, "anvilproxy serve", so that its CPU time is its
+// own; the emitter and the clients run here.
+func runBench(args []string, stdout, stderr io.Writer) error {
+	if len(args) >= 2 && args[0] == childProfileFlag {
+		return runProfiledServe(args[1], args[2:], stderr)
+	}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: anvilproxy bench [--quick] [--json FILE] [flags]\n\n"+
+			"Measures what anvilproxy adds to a stream, side by side with a direct connection and with\n"+
+			"nginx, Caddy and HAProxy when installed (scripts/install-comparison-proxies.sh), in\n"+
+			"interleaved rounds. Progress goes to stderr, the table to stdout.\n\n")
+		fs.PrintDefaults()
+	}
+	var f benchFlags
+	f.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := f.config(fs)
+	if err != nil {
+		fmt.Fprintf(stderr, "anvilproxy bench: %v\n", err)
+		return errUsage
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding the anvilproxy binary: %w", err)
+	}
+	cfg.ProxyArgv = []string{exe, "serve"}
+	if f.cpuProfile != "" {
+		path, err := filepath.Abs(f.cpuProfile) // the child runs in a temporary directory
+		if err != nil {
+			return err
+		}
+		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, path}
+	}
+	cfg.Command = "anvilproxy bench " + strings.Join(args, " ")
+	cfg.Progress = stderr
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	if f.jsonOut != "" {
+		if err := writeBenchJSON(f.jsonOut, rep); err != nil {
+			return err
+		}
+	}
+	// Timings never fail the command (they depend on the machine); an
+	// anvilproxy that does not start, or loses, reorders or corrupts an
+	// event, does.
+	if why := rep.Skipped(bench.AnvilProxy); why != "" {
+		return fmt.Errorf("anvilproxy did not run: %s", why)
+	}
+	if !rep.Intact(bench.AnvilProxy) {
+		return errors.New("anvilproxy did not deliver every event intact: see the table")
+	}
+	return nil
+}
+
+// config builds the bench.Config from the flags.
+func (f *benchFlags) config(fs *flag.FlagSet) (bench.Config, error) {
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	base := bench.DefaultConfig()
+	if f.quick {
+		base = bench.QuickConfig()
+	}
+	cfg := f.cfg
+	cfg.Levels = base.Levels
+	if cfg.Rounds == 0 {
+		cfg.Rounds = base.Rounds
+	}
+	if cfg.Cell == 0 {
+		cfg.Cell = base.Cell
+	}
+	if cfg.SmallRounds == 0 {
+		cfg.SmallRounds = base.SmallRounds
+	}
+	if cfg.SmallCell == 0 {
+		cfg.SmallCell = base.SmallCell
+	}
+	if f.streams != "" {
+		levels, err := parseLevels(f.streams, base.Levels)
+		if err != nil {
+			return cfg, err
+		}
+		cfg.Levels = levels
+	}
+	for i := range cfg.Levels {
+		if f.events > 0 {
+			cfg.Levels[i].Events = f.events
+		}
+		if f.gap > 0 {
+			cfg.Levels[i].Gap = f.gap
+		}
+	}
+	if f.targets != "" {
+		cfg.Targets = strings.Split(f.targets, ",")
+	}
+	cfg.NoStreams = cfg.Capacity > 0 && !set["streams"] && !set["quick"]
+	return cfg, nil
+}
+
+// parseLevels reads "1,64,1000". A concurrency takes the events and gap
+// of base's level of that size, or else of the largest default level not
+// above it.
+func parseLevels(s string, base []bench.Level) ([]bench.Level, error) {
+	full := bench.DefaultConfig().Levels
+	var out []bench.Level
+	for _, part := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(part))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("--streams %q: want positive integers", s)
+		}
+		lv := full[0]
+		for _, d := range full {
+			if d.Streams <= n {
+				lv = d
+			}
+		}
+		for _, d := range base {
+			if d.Streams == n {
+				lv = d
+			}
+		}
+		lv.Streams = n
+		out = append(out, lv)
+	}
+	return out, nil
+}
+
+func writeBenchJSON(name string, rep *bench.Report) error {
+	f, err := os.Create(name)
+	if err != nil {
+		return fmt.Errorf("--json: %w", err)
+	}
+	if err := rep.WriteJSON(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--json: %w", err)
+	}
+	return f.Close()
+}
+
+// runProfiledServe runs serve with a CPU profile of the whole run written
+// to path when serve returns (after SIGTERM and the drain).
+func runProfiledServe(path string, args []string, stderr io.Writer) error {
+	out, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return fmt.Errorf("cpu profile: %w", err)
+	}
+	err = runServe(args, stderr)
+	pprof.StopCPUProfile()
+	return errors.Join(err, out.Close())
+}

@@ -1,0 +1,173 @@
+package bench
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// capacityStreams returns how many streams the capacity run can hold with
+// an open-file limit of lim: the proxy and the bench process (emitter and
+// clients) each need two descriptors per stream, plus a few of their own.
+func capacityStreams(want int, lim uint64) int {
+	const reserve = 256
+	if lim == 0 || lim > uint64(2*want+reserve) {
+		return want
+	}
+	return max(int(lim)-reserve, 0) / 2
+}
+
+// capacity holds cfg.Capacity slow streams open through a fresh anvilproxy
+// at once, and reads the proxy's resident memory idle and with every
+// stream open: (RSS at N − RSS idle) / N is the memory one stream costs.
+// Every stream must end intact.
+func (b *runner) capacity() error {
+	n := b.cfg.Capacity
+	if got := capacityStreams(n, b.noFile); got < n {
+		b.rep.note("capacity run: %d streams, not %d: the open-file limit is %d (the hard limit could not be raised) and the proxy and the bench each need 2 per stream", got, n, b.noFile)
+		n = got
+	}
+	lv := Level{Streams: n, Events: b.cfg.CapacityEvents, Gap: b.cfg.CapacityGap}
+	if lv.streamTime() <= b.cfg.CapacityRamp {
+		return fmt.Errorf("bench: capacity streams last %v, not longer than the %v ramp: they would not all be open at once", lv.streamTime(), b.cfg.CapacityRamp)
+	}
+	up, err := b.em.Listen()
+	if err != nil {
+		return err
+	}
+	t, err := startAnvil(b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+	if err != nil {
+		return fmt.Errorf("capacity run: %w", err)
+	}
+	t.upstream = up
+	b.targets = append(b.targets[:0], t) // stopped by close
+	if len(b.rep.Targets) == 0 {
+		b.rep.addTarget(t, "")
+	}
+	b.progress("capacity: %d streams of %d events %v apart through anvilproxy (pid %d), opened over %v",
+		n, lv.Events, lv.Gap, t.cmd.Process.Pid, b.cfg.CapacityRamp)
+
+	// Warm the proxy's code and pools a little, so "idle" is a proxy that
+	// has served, not one that has just started.
+	warm := newCellStats()
+	if _, err := b.streamCell(t, Level{Streams: 16, Events: 3, Gap: time.Millisecond}, warm, 0); err != nil {
+		return err
+	}
+	time.Sleep(time.Second)
+	idle, err := t.rss()
+	if err != nil {
+		return fmt.Errorf("capacity run: %w", err)
+	}
+
+	res := b.rep.newCapacity(b.cfg.Capacity, lv, b.cfg.CapacityRamp, idle)
+	for w := 1; w <= capacityWaves; w++ {
+		wv, err := b.capacityWave(t, lv, w, idle)
+		if err != nil {
+			return err
+		}
+		res.Waves = append(res.Waves, wv)
+		if !t.alive() {
+			return fmt.Errorf("capacity run: anvilproxy exited: %s", t.logTail())
+		}
+		if w < capacityWaves {
+			time.Sleep(2 * time.Second)
+		}
+	}
+	b.noteCuts()
+	return nil
+}
+
+// capacityWaves is how many times the capacity run opens its streams. The
+// first wave runs on memory fresh from the OS, whose pages become resident
+// only where they are written; the second reuses the first's freed memory,
+// which the Go runtime zeroes, making whole buffers resident: a longer-lived
+// proxy's figure.
+const capacityWaves = 2
+
+// capacityWave opens the streams once and samples the proxy's RSS with
+// the number of streams open: the sample with the most open is the one
+// per-stream memory is computed from.
+func (b *runner) capacityWave(t *target, lv Level, w int, idle int64) (CapacityWave, error) {
+	n := lv.Streams
+	st := newCellStats()
+	var open, peakOpen atomic.Int64
+	cpu0, _ := t.cpu()
+	t0 := time.Now()
+	// A stream that has not ended well after its time is cut and counted
+	// failed: a run never hangs on a stuck stream.
+	deadline := t0.Add(b.cfg.CapacityRamp + lv.streamTime() + stuck)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i) * b.cfg.CapacityRamp / time.Duration(n))
+			b.capacityStream(t, lv, st, i, deadline, func() {
+				cur := open.Add(1)
+				for p := peakOpen.Load(); cur > p && !peakOpen.CompareAndSwap(p, cur); p = peakOpen.Load() {
+				}
+			}, func() { open.Add(-1) })
+		}()
+	}
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+
+	var best rssSample
+	var peak int64
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	announced := false
+	for done := false; !done; {
+		select {
+		case <-tick.C:
+			s := rssSample{open: open.Load()}
+			s.rss, _ = t.rss()
+			peak = max(peak, s.rss)
+			if s.open > best.open {
+				best = s
+			}
+			if s.open == int64(n) && !announced {
+				announced = true
+				b.progress("  wave %d: all %d streams open after %v: proxy RSS %.1f MiB (idle %.1f MiB)", w, n, time.Since(t0).Round(time.Millisecond), mib(s.rss), mib(idle))
+			}
+		case <-finished:
+			done = true
+		case <-b.ctx.Done():
+			<-finished
+			return CapacityWave{}, b.ctx.Err()
+		}
+	}
+	cpu1, _ := t.cpu()
+	return newCapacityWave(best, idle, peak, peakOpen.Load(), cpu1-cpu0, st), nil
+}
+
+// rssSample is the proxy's RSS with open streams open.
+type rssSample struct {
+	open int64
+	rss  int64
+}
+
+// capacityStream runs one stream of the capacity run on its own
+// connection; first and last mark the stream open and closed.
+func (b *runner) capacityStream(t *target, lv Level, st *cellStats, i int, deadline time.Time, first, last func()) {
+	cc, err := dialClient(t.addr, 4<<10) // 10,000 of them: keep the bench's own memory small
+	if err != nil {
+		st.addStream(streamTally{Streams: 1, Failed: 1, Lost: int64(lv.Events)}, 0, nil, fmt.Errorf("connecting: %w", err), false)
+		return
+	}
+	defer cc.Close()
+	_ = cc.c.SetDeadline(deadline)
+	sc := newEventScanner(b.cfg.EventBytes)
+	sc.onFirst = first
+	tally, ttfb, err := runStream(cc, t.addr, sc, appendStreamRequest(nil, lv.Events, lv.Gap, i, 1), lv.Events)
+	if tally.Events > 0 {
+		last()
+	}
+	st.addStream(tally, ttfb, sc.lat, err, true)
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }

@@ -1,0 +1,150 @@
+package bench
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestQuantiles(t *testing.T) {
+	h := newHist()
+	for v := int64(1); v <= 1000; v++ {
+		record(h, v*1000) // 1..1000 µs
+	}
+	record(h, -5)               // clamped to 1 ns
+	record(h, int64(time.Hour)) // clamped to the top
+	q := quantiles(h)
+	require.Equal(t, int64(1002), q.N)
+	require.InDelta(t, 500, float64(q.P50), 1)
+	require.InDelta(t, 991, float64(q.P99), 1.5)
+	require.InDelta(t, 1000, float64(q.P999), 1.5)
+	require.InDelta(t, float64(histMax)/1e3, float64(q.Max), float64(histMax)/1e3*0.001)
+
+	empty := quantiles(newHist())
+	require.False(t, empty.P50.known())
+	require.Zero(t, empty.N)
+}
+
+func TestAdded(t *testing.T) {
+	direct := Quantiles{P50: 30, P99: 200, P999: 900}
+	proxy := Quantiles{P50: 45.5, P99: 180, P999: 1000}
+	require.Equal(t, &Added{P50: 15.5, P99: -20, P999: 100}, added(proxy, direct))
+	require.False(t, added(quantiles(newHist()), direct).P50.known())
+}
+
+func TestSpread(t *testing.T) {
+	require.Equal(t, &Spread{Median: 2, Min: 1, Max: 9}, spread([]float64{9, 1, 2}))
+	require.Equal(t, &Spread{Median: 2.5, Min: 1, Max: 9}, spread([]float64{9, 1, 2, 3, math.NaN()}))
+	require.Nil(t, spread(nil))
+	require.Nil(t, spread([]float64{math.NaN()}))
+}
+
+func TestNumJSON(t *testing.T) {
+	b, err := json.Marshal(struct {
+		A, B, C Num
+	}{1.23456, unknown, Num(math.Inf(1))})
+	require.NoError(t, err)
+	require.JSONEq(t, `{"A":1.23,"B":null,"C":null}`, string(b))
+	require.Equal(t, unknown.known(), false)
+	require.True(t, perMille(1, 0) != perMille(1, 0), "NaN")
+	require.Equal(t, Num(2), perMille(4, 2000))
+	require.Equal(t, Num(0.5), ratio(1, 2))
+	require.False(t, ratio(1, 0).known())
+}
+
+func TestCellStats(t *testing.T) {
+	c := newCellStats()
+	c.addStream(streamTally{Streams: 1, Events: 2}, 50*time.Microsecond, []int64{10_000, 20_000}, nil, true)
+	c.addStream(streamTally{Streams: 1, Events: 1}, 50*time.Microsecond, []int64{10_000}, nil, false) // ramp-up: counted, not timed
+	c.addStream(streamTally{Streams: 1, Failed: 1, Lost: 2}, 0, nil, errStatus, true)
+	c.addStream(streamTally{Streams: 1, Failed: 1, Lost: 2}, 0, nil, errStatus, true)
+	require.Equal(t, streamTally{Streams: 4, Events: 3, Failed: 2, Lost: 4}, c.tally)
+	require.Equal(t, int64(1), c.ttfb.TotalCount(), "failed streams have no TTFB")
+	require.Equal(t, int64(2), c.event.TotalCount())
+	require.Equal(t, []string{errStatus.Error()}, c.errs, "errors kept once each")
+	c.reset()
+	require.Zero(t, c.event.TotalCount())
+	require.Empty(t, c.errs)
+}
+
+// report returns a report as a full run on a machine with every proxy
+// would, with anvilproxy's figures from a.
+func report(a StreamResult, anvilRPS float64) *Report {
+	lv := LevelResult{Streams: 64, Results: []StreamResult{
+		{Target: Direct, streamTally: streamTally{Streams: 64, Events: 6400}},
+		a,
+		{Target: Nginx, AddedTTFB: &Added{P50: 100}, AddedEvent: &Added{}, CPUPer1000: 9},
+		{Target: Caddy, AddedTTFB: &Added{P50: 300}, AddedEvent: &Added{}, CPUPer1000: 12},
+	}}
+	return &Report{
+		Streams: []LevelResult{lv},
+		Small: &SmallResult{Results: []SmallTargetResult{
+			{Target: Direct, RPS: 100000}, {Target: AnvilProxy, RPS: Num(anvilRPS)}, {Target: Nginx, RPS: 50000},
+		}},
+		Capacity: &CapacityResult{Streams: 10000, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: 18}, {PeakOpen: 10000, RSSPerStreamKiB: 19}}},
+	}
+}
+
+func TestChecks(t *testing.T) {
+	good := StreamResult{Target: AnvilProxy, streamTally: streamTally{Streams: 64, Events: 6400},
+		AddedEvent: &Added{P50: 12, P99: 50}, AddedTTFB: &Added{P50: 80}, CPUPer1000: 4}
+	met := map[string]*bool{}
+	for _, c := range checks(report(good, 60000)) {
+		met[c.Goal] = c.Met
+	}
+	for goal, m := range met {
+		if strings.Contains(goal, "allocations") {
+			require.Nil(t, m, goal)
+			continue
+		}
+		require.NotNil(t, m, goal)
+		require.True(t, *m, goal)
+	}
+
+	require.True(t, report(good, 1).Intact(AnvilProxy))
+	r := report(good, 1)
+	r.Targets = []TargetInfo{{Name: AnvilProxy}, {Name: Caddy, Skipped: "not installed"}}
+	require.Empty(t, r.Skipped(AnvilProxy))
+	require.Equal(t, "not installed", r.Skipped(Caddy))
+
+	bad := good
+	bad.AddedEvent = &Added{P50: 20, P99: 61}
+	bad.AddedTTFB = &Added{P50: 200}
+	bad.CPUPer1000 = 6
+	bad.Lost = 1
+	require.False(t, report(bad, 1).Intact(AnvilProxy))
+	require.True(t, report(bad, 1).Intact(Nginx))
+	for _, c := range checks(report(bad, 40000)) {
+		if c.Met == nil || strings.Contains(c.Goal, "10,000") {
+			continue
+		}
+		require.False(t, *c.Met, c.Goal)
+	}
+	for _, c := range checks(report(bad, 40000)) {
+		if strings.Contains(c.Goal, "p50 ≤ 15") {
+			require.Equal(t, "+20.0 µs, over by 5.0 µs", c.Measured)
+		}
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	r := report(StreamResult{Target: AnvilProxy, AddedEvent: &Added{P50: 12, P99: 50, P999: unknown}, AddedTTFB: &Added{P50: 80},
+		RoundsAddedEventP50: &Spread{Min: 10, Max: 14}, CPUPer1000: 4}, 60000)
+	r.Targets = []TargetInfo{{Name: Direct}, {Name: AnvilProxy, Version: "this build"}, {Name: HAProxy, Skipped: "not installed"}}
+	r.Config.Order = []string{Direct, AnvilProxy}
+	r.Checks = checks(r)
+	var out bytes.Buffer
+	require.NoError(t, r.WriteTable(&out))
+	s := out.String()
+	for _, want := range []string{"haproxy    skipped: not installed", "anvilproxy", "+12.0", "+10.0..+14.0", "4.00 ms", "[met   ]", "[n/a   ] 0 allocations"} {
+		require.Contains(t, s, want)
+	}
+	var js bytes.Buffer
+	require.NoError(t, r.WriteJSON(&js))
+	require.True(t, json.Valid(js.Bytes()))
+}
