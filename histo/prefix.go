@@ -215,12 +215,7 @@ var nan = Float(math.NaN())
 // merged reuse percentiles cannot be rebuilt from summaries and are null;
 // the most recent drift events are kept.
 func MergePrefix(sections ...*PrefixSection) *PrefixSection {
-	var in []*PrefixSection
-	for _, s := range sections {
-		if s != nil {
-			in = append(in, s)
-		}
-	}
+	in := present(sections)
 	switch len(in) {
 	case 0:
 		return nil

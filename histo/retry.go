@@ -240,12 +240,7 @@ func gapSummary(gaps []time.Duration, n int64) GapSummary {
 // id among those each window itemized; gap percentiles cannot be merged
 // from summaries, so a merged section keeps only the count and the max.
 func MergeRetry(sections ...*RetrySection) *RetrySection {
-	var in []*RetrySection
-	for _, s := range sections {
-		if s != nil {
-			in = append(in, s)
-		}
-	}
+	in := present(sections)
 	switch len(in) {
 	case 0:
 		return nil
