@@ -12,17 +12,17 @@ import (
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
 
-// prefixMetrics are the prompt-prefix exports of DESIGN.md §5, counted from
+// driftMetrics are the prompt-prefix exports of DESIGN.md §5, counted from
 // each inference Trace's prefix.Result.
-type prefixMetrics struct {
+type driftMetrics struct {
 	reuse     prometheus.Histogram
 	drifts    [prefix.NumSegmentKinds][prefix.NumClasses]prometheus.Counter
 	missed    prometheus.Counter
 	untracked [prefix.NumUntrackedReasons]prometheus.Counter
 }
 
-func newPrefixMetrics() (*prefixMetrics, []prometheus.Collector) {
-	m := &prefixMetrics{
+func newDriftMetrics() (*driftMetrics, []prometheus.Collector) {
+	m := &driftMetrics{
 		reuse: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "anvilproxy_prefix_reuse_ratio",
 			Help:    "Share of each tracked prompt's bytes that an earlier request had sent as the same prefix.",
@@ -52,7 +52,7 @@ func newPrefixMetrics() (*prefixMetrics, []prometheus.Collector) {
 	return m, []prometheus.Collector{m.reuse, drift, m.missed, untracked}
 }
 
-func (m *prefixMetrics) observe(res *prefix.Result) {
+func (m *driftMetrics) observe(res *prefix.Result) {
 	if !res.Tracked {
 		if int(res.Untracked) < len(m.untracked) && m.untracked[res.Untracked] != nil {
 			m.untracked[res.Untracked].Inc()

@@ -108,7 +108,7 @@ type Recorder struct {
 	reg    *prometheus.Registry
 	prom   *metrics
 	retry  *retryMetrics
-	prefix *prefixMetrics
+	prefix *driftMetrics
 	ledger *ledgerMetrics
 	conv   *convMetrics
 	self   *SelfCheck
@@ -146,7 +146,7 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r.recent.buf = make([]Request, cfg.RecentRequests)
 	var retryCollectors, prefixCollectors, ledgerCollectors, convCollectors, selfCollectors []prometheus.Collector
 	r.retry, retryCollectors = newRetryMetrics()
-	r.prefix, prefixCollectors = newPrefixMetrics()
+	r.prefix, prefixCollectors = newDriftMetrics()
 	r.ledger, ledgerCollectors = newLedgerMetrics()
 	r.conv, convCollectors = newConvMetrics()
 	r.self, selfCollectors = newSelfCheck(cfg.SelfCheck)
