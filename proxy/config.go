@@ -16,7 +16,9 @@ const (
 	DefaultClientWriteTimeout  = 2 * time.Minute
 	DefaultUpstreamReadTimeout = 10 * time.Minute
 	DefaultDialTimeout         = 5 * time.Second
-	DefaultMaxConns            = 4096
+	DefaultMaxUpstreamConns    = 4096
+	DefaultUpstreamIdleTimeout = 4 * time.Second
+	DefaultMaxInflightBody     = 1 << 30
 	DefaultMaxConnWait         = 100 * time.Millisecond
 	DefaultMaxModels           = 16
 	DefaultMaxCaptureBytes     = 4 << 20
@@ -48,9 +50,23 @@ type Config struct {
 	UpstreamReadTimeout time.Duration
 	// DialTimeout bounds connecting to the upstream. 0 means DefaultDialTimeout.
 	DialTimeout time.Duration
-	// MaxConns bounds upstream connections; every stream holds one for its
-	// whole generation. 0 means DefaultMaxConns.
-	MaxConns int
+	// MaxUpstreamConns bounds upstream connections; every stream holds one
+	// for its whole generation. 0 means DefaultMaxUpstreamConns.
+	MaxUpstreamConns int
+	// UpstreamIdleTimeout is how long an upstream connection may sit idle
+	// in the pool before the proxy closes it. It must be shorter than the
+	// engine's own keep-alive timeout (uvicorn, in front of vLLM and
+	// SGLang: 5 s), so that the proxy, not the engine, closes first.
+	// 0 means DefaultUpstreamIdleTimeout.
+	UpstreamIdleTimeout time.Duration
+	// MaxClientConns bounds client connections on the data listener; one
+	// more is answered 503 and closed. 0 means no bound here (serve derives
+	// one from the file-descriptor limit).
+	MaxClientConns int
+	// MaxInflightBodyBytes bounds the request bodies held in memory at once,
+	// all requests together; a request that would exceed it gets 503 with
+	// Retry-After. 0 means DefaultMaxInflightBody.
+	MaxInflightBodyBytes int64
 	// MaxConnWait is how long a request waits for a free upstream connection
 	// before 503. 0 means DefaultMaxConnWait.
 	MaxConnWait time.Duration
@@ -102,10 +118,11 @@ type Config struct {
 
 // upstream is the parsed Upstream URL.
 type upstream struct {
-	addr   string // host:port to dial
-	host   string // Host header value
-	tls    bool
-	prefix string // path prefix without a trailing slash
+	addr     string // host:port to dial
+	host     string // Host header value
+	hostname string // host without port, for TLS server name
+	tls      bool
+	prefix   string // path prefix without a trailing slash
 }
 
 func (c *Config) setDefaults() {
@@ -115,7 +132,11 @@ func (c *Config) setDefaults() {
 	setDefault(&c.ClientWriteTimeout, DefaultClientWriteTimeout)
 	setDefault(&c.UpstreamReadTimeout, DefaultUpstreamReadTimeout)
 	setDefault(&c.DialTimeout, DefaultDialTimeout)
-	setDefault(&c.MaxConns, DefaultMaxConns)
+	setDefault(&c.MaxUpstreamConns, DefaultMaxUpstreamConns)
+	setDefault(&c.UpstreamIdleTimeout, DefaultUpstreamIdleTimeout)
+	if c.MaxInflightBodyBytes <= 0 {
+		c.MaxInflightBodyBytes = DefaultMaxInflightBody
+	}
 	setDefault(&c.MaxConnWait, DefaultMaxConnWait)
 	setDefault(&c.MaxModels, DefaultMaxModels)
 	setDefault(&c.MaxCaptureBytes, DefaultMaxCaptureBytes)
@@ -149,6 +170,7 @@ func parseUpstream(raw string) (upstream, error) {
 		return upstream{}, fmt.Errorf("upstream %q: no host", raw)
 	}
 	up.host = u.Host
+	up.hostname = u.Hostname()
 	up.addr = u.Host
 	if u.Port() == "" {
 		port := "80"

@@ -57,6 +57,8 @@ var errMessages = [...]string{
 	ErrBadRequest:      "bad request",
 	ErrPoolExhausted:   "no free upstream connection",
 	ErrLimited:         "too many requests waiting for the upstream",
+	ErrShutdown:        "proxy shutting down",
+	ErrOverloaded:      "too many request bytes in flight, retry later",
 }
 
 // writeError answers with a small OpenAI-style JSON error that SDKs parse.

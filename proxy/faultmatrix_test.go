@@ -186,7 +186,7 @@ func TestOutcomeAccounting(t *testing.T) {
 	idle := 300 * time.Millisecond
 	base, pMain := startProxy(t, Config{Upstream: up, UpstreamReadTimeout: idle, MaxBodyBytes: 1 << 10}, log)
 	unreachable, pDead := startProxy(t, Config{Upstream: deadURL}, log)
-	oneConn, pOne := startProxy(t, Config{Upstream: up, UpstreamReadTimeout: idle, MaxConns: 1, MaxConnWait: 50 * time.Millisecond}, log)
+	oneConn, pOne := startProxy(t, Config{Upstream: up, UpstreamReadTimeout: idle, MaxUpstreamConns: 1, MaxConnWait: 50 * time.Millisecond}, log)
 	oneSlot, pSlot := startProxy(t, Config{Upstream: up, UpstreamReadTimeout: idle, MaxInflight: 1, MaxQueueWait: 50 * time.Millisecond}, log)
 
 	tally := map[ErrKind]int{}

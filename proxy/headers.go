@@ -21,6 +21,16 @@ var hopHeaders = []string{
 	"Upgrade",
 }
 
+// isHopHeader reports whether k is one of hopHeaders.
+func isHopHeader(k []byte) bool {
+	for _, name := range hopHeaders {
+		if bytes.EqualFold(k, []byte(name)) {
+			return true
+		}
+	}
+	return false
+}
+
 // header is what fasthttp's RequestHeader and ResponseHeader share.
 type header interface {
 	Peek(key string) []byte

@@ -33,7 +33,7 @@ func TestHandlerPanicContained(t *testing.T) {
 	gone.Close() // nothing listens: every request takes the 502 path inside the handler
 	var logs logBuffer
 	rec := &panicOnce{traceLog: newTraceLog()}
-	p, err := New(Config{Upstream: "http://" + gone.Addr().String(), MaxInflight: 1, MaxConns: 1, MaxConnWait: time.Second}, debugLogger(&logs), rec)
+	p, err := New(Config{Upstream: "http://" + gone.Addr().String(), MaxInflight: 1, MaxUpstreamConns: 1, MaxConnWait: time.Second}, debugLogger(&logs), rec)
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

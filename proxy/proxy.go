@@ -8,12 +8,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
-	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -53,6 +49,7 @@ type Proxy struct {
 	cfg    Config
 	up     upstream
 	pool   *pool
+	stats  Stats
 	log    *zap.Logger
 	rec    Recorder
 	models *modelSet
@@ -60,10 +57,12 @@ type Proxy struct {
 	retry  *retry.Tracker
 	prefix *prefix.Tracker
 
-	nextID   atomic.Uint64
-	inflight atomic.Int64 // requests being served, from headers read to trace emitted
-	upstream atomic.Int64 // requests admitted upstream and not finished
-	relays   sync.Pool
+	aborting  atomic.Bool  // Abort ran: upstream failures are the shutdown's
+	bodyBytes atomic.Int64 // request body bytes held by requests in flight
+	nextID    atomic.Uint64
+	inflight  atomic.Int64 // requests being served, from headers read to trace emitted
+	upstream  atomic.Int64 // requests admitted upstream and not finished
+	relays    sync.Pool
 }
 
 // New validates cfg and returns a Proxy that reports to rec and logs one
@@ -92,7 +91,6 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	p := &Proxy{
 		cfg:    cfg,
 		up:     up,
-		pool:   newPool(&cfg, up),
 		log:    log,
 		rec:    rec,
 		models: newModelSet(cfg.Models, cfg.MaxModels),
@@ -100,6 +98,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		retry:  retry.New(retry.Config{Window: cfg.RetryWindow, MaxBytes: cfg.RetryMaxBytes}),
 		prefix: pt,
 	}
+	p.pool = newPool(&p.cfg, up, &p.stats)
 	p.relays.New = func() any {
 		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
 		if r.maxHold <= 0 {
@@ -117,6 +116,18 @@ func (p *Proxy) Retries() *retry.Tracker { return p.retry }
 // Prefixes returns the prompt-prefix tracker, for its recent drift events
 // and aggregates.
 func (p *Proxy) Prefixes() *prefix.Tracker { return p.prefix }
+
+// Stats returns the proxy's connection counters.
+func (p *Proxy) Stats() *Stats { return &p.stats }
+
+// Abort closes every upstream connection, so that every request still in
+// flight ends at once (its client sees the stream cut, its Trace says
+// ErrShutdown), and keeps no connection from then on. Call it when a
+// shutdown's grace has run out; Inflight then falls to 0 quickly.
+func (p *Proxy) Abort() {
+	p.aborting.Store(true)
+	p.pool.abortAll()
+}
 
 // Inflight returns the number of requests being served.
 func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
@@ -156,28 +167,65 @@ func (l serverLog) Printf(format string, _ ...any) {
 	l.log.Debug("fasthttp", zap.String("event", format))
 }
 
-// ambiguousFraming reports a request with both Transfer-Encoding and
-// Content-Length. fasthttp lets Transfer-Encoding win and closes the
-// connection afterwards (RFC 9112 §6.3 allows that), but a request framed
-// two ways is a smuggling shape, and Envoy and Go reject it: so do we,
-// before anything reaches the upstream.
-func ambiguousFraming(h *fasthttp.RequestHeader) bool {
+// badFraming reports a request head the proxy refuses to forward, before
+// anything reaches the upstream:
+//   - both Transfer-Encoding and Content-Length. fasthttp lets
+//     Transfer-Encoding win and closes the connection afterwards (RFC 9112
+//     §6.3 allows that), but a request framed two ways is a smuggling
+//     shape, and Envoy and Go reject it;
+//   - a Transfer-Encoding other than chunked (identity): fasthttp reads it
+//     as "no body" and would parse the body as the next request;
+//   - a header name that is not a token ("Transfer Encoding: chunked"):
+//     fasthttp keeps it, and an upstream that reads it as a framing header
+//     would frame the body differently (RFC 9112 §5.1; Go answers 400).
+func badFraming(h *fasthttp.RequestHeader) bool {
 	chunked := h.ContentLength() == -1
 	raw := h.RawHeaders()
 	for len(raw) > 0 {
 		var line []byte
 		line, raw, _ = bytes.Cut(raw, []byte("\n"))
+		if len(bytes.TrimRight(line, "\r")) == 0 {
+			continue
+		}
+		name, _, ok := bytes.Cut(line, []byte(":"))
+		if !ok || !isToken(name) {
+			return true
+		}
 		if chunked && hasHeaderName(line, "content-length:") {
 			return true
 		}
-		// Transfer-Encoding other than chunked (identity): fasthttp reads
-		// it as "no body" and would parse the body as the next request.
 		if !chunked && hasHeaderName(line, "transfer-encoding:") {
 			return true
 		}
 	}
 	return false
 }
+
+// isToken reports whether b is a non-empty RFC 9110 §5.6.2 token.
+func isToken(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	for _, c := range b {
+		if c >= 0x80 || !tokenChars[c] {
+			return false
+		}
+	}
+	return true
+}
+
+var tokenChars = func() (t [128]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
 
 func hasHeaderName(line []byte, name string) bool {
 	return len(line) > len(name) && bytes.EqualFold(line[:len(name)], []byte(name))
@@ -197,18 +245,23 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r.counted = true
 	defer p.recoverHandle(ctx, r)
 
-	if ambiguousFraming(&ctx.Request.Header) {
+	if badFraming(&ctx.Request.Header) {
 		r.fail(SideClient, ErrBadRequest)
 		p.answerError(ctx, r, fasthttp.StatusBadRequest)
 		ctx.SetConnectionClose() // the body's framing is unknown: so is where the next request starts
 		return
 	}
-	if status, kind := p.buildRequest(ctx, &r.req, r.buf); status != 0 {
-		r.fail(SideClient, kind)
+	if status, kind := p.buildRequest(ctx, r); status != 0 {
+		side := SideClient
+		if kind == ErrOverloaded {
+			side = SideProxy
+			ctx.Response.Header.Set("Retry-After", "1")
+		}
+		r.fail(side, kind)
 		p.answerError(ctx, r, status)
 		// The rest of the body is unread: the connection cannot carry
 		// another request (a pipelined one would be read from the middle).
-		ctx.SetConnectionClose()
+		lingerClose(ctx)
 		return
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
@@ -227,21 +280,14 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 
-	s := p.pool.acquire()
-	if s == nil {
+	if !p.pool.acquire() {
 		r.fail(SideProxy, ErrPoolExhausted)
 		p.answerError(ctx, r, fasthttp.StatusServiceUnavailable)
 		return
 	}
-	r.slot.Store(s)
-	if r.hasLeft() { // left before the slot was visible to the watcher
-		r.fail(SideClient, ErrClientGone)
-		p.answerError(ctx, r, StatusClientClosed)
-		return
-	}
-	err := s.hc.Do(&r.req, &r.resp)
+	r.token = true
+	err := p.roundTrip(ctx, r)
 	tr.Headers = time.Now()
-	connFacts(&r.resp, tr)
 	if err != nil {
 		if r.hasLeft() {
 			r.fail(SideClient, ErrClientGone)
@@ -253,13 +299,17 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.answerError(ctx, r, status)
 		return
 	}
+	if r.resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
+		p.switchProtocols(ctx, r)
+		return
+	}
 
 	status := r.resp.StatusCode()
 	r.timing.QueueMs = headerQueueMs(&r.resp.Header)
 	r.resp.Header.CopyTo(&ctx.Response.Header)
 	stripResponseHops(&ctx.Response.Header)
 	tr.Status = status
-	if ctx.IsHead() || status < 200 || status == fasthttp.StatusNoContent || status == fasthttp.StatusNotModified {
+	if noBody(ctx, status) {
 		r.atEOF = true
 		r.endAt(tr.Headers)
 		p.finishHandler(r)
@@ -284,6 +334,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		// a buffer it never flushes, which would hold back every event of
 		// an SSE response that came with a Content-Length.
 		size = -1
+	}
+	if size < 0 && !ctx.Request.Header.IsHTTP11() {
+		p.closeDelimited(ctx, r)
+		return
 	}
 	ctx.Response.SetBodyStream(r, size)
 }
@@ -383,8 +437,8 @@ func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
 		return
 	}
 	p.log.Error("BUG: request handler panicked", zap.Uint64("id", r.tr.ID), zap.Stack("stack"))
-	if s := r.slot.Load(); s != nil {
-		s.abort()
+	if c := r.up.Load(); c != nil {
+		_ = c.Close()
 	}
 	p.release(r)
 	ctx.Response.Reset()
@@ -396,7 +450,8 @@ func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
 // method, path, query, header and body byte, minus hop-by-hop headers, with
 // X-Forwarded-For appended and the upstream's Host. It returns a non-zero
 // status when the request must be refused.
-func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request, buf []byte) (int, ErrKind) {
+func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) {
+	req := &r.req
 	ctx.Request.Header.CopyTo(&req.Header)
 	req.Header.SetNoDefaultContentType(true)
 	uri := ctx.Request.Header.RequestURI()
@@ -414,6 +469,13 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request, bu
 		req.URI().SetScheme("http")
 	}
 	stripHops(&req.Header)
+	// The body is read whole before it is sent: the client had its 100
+	// Continue from fasthttp, and the engine must not send another.
+	req.Header.Del("Expect")
+	if r.upgrade = wantsUpgrade(&ctx.Request.Header); r.upgrade {
+		req.Header.SetBytesV("Upgrade", ctx.Request.Header.Peek("Upgrade"))
+		req.Header.Set("Connection", "Upgrade")
+	}
 	if !p.cfg.NoForwardedFor {
 		appendForwardedFor(&req.Header, ctx.RemoteIP())
 	}
@@ -423,52 +485,7 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, req *fasthttp.Request, bu
 		req.Header.SetHost(p.up.host)
 	}
 	req.URI().SetHost(p.up.host)
-	if err := readBody(ctx, req, p.cfg.MaxBodyBytes, buf); err != nil {
-		return bodyFailure(err)
-	}
-	return 0, ErrNone
-}
-
-// bodyFailure maps an error reading a request (its body, or as fasthttp
-// reports it, the whole request) to a status: 413 over the limit, 408 on
-// the read timeout, 499 when the client went away mid-upload (not its
-// fault as a malformed request: it is gone), 400 otherwise.
-func bodyFailure(err error) (int, ErrKind) {
-	switch {
-	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		return fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
-	case isTimeout(err):
-		return fasthttp.StatusRequestTimeout, ErrBadRequest
-	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, net.ErrClosed):
-		return StatusClientClosed, ErrClientGone
-	}
-	return fasthttp.StatusBadRequest, ErrBadRequest
-}
-
-// readBody reads the client's body into req, at most limit bytes.
-func readBody(ctx *fasthttp.RequestCtx, req *fasthttp.Request, limit int, buf []byte) error {
-	if !ctx.Request.IsBodyStream() {
-		req.SetBody(ctx.Request.Body())
-		return nil
-	}
-	lr := io.LimitedReader{R: ctx.RequestBodyStream(), N: int64(limit) + 1}
-	w := req.BodyWriter()
-	if _, err := io.CopyBuffer(w, &lr, buf); err != nil { // buf: io.Copy would allocate 32 KiB per request
-		if errors.Is(err, fasthttp.ErrBodyTooLarge) {
-			return err
-		}
-		return fmt.Errorf("reading client body: %w", err)
-	}
-	if lr.N <= 0 {
-		return fasthttp.ErrBodyTooLarge
-	}
-	// fasthttp's server body stream ends a body cut short by the client's
-	// FIN with io.EOF: a body shorter than its Content-Length is a client
-	// that left, never a whole request to forward.
-	if cl := ctx.Request.Header.ContentLength(); cl >= 0 && len(req.Body()) < cl {
-		return io.ErrUnexpectedEOF
-	}
-	return nil
+	return p.readBody(ctx, r)
 }
 
 // handleReadError answers requests fasthttp could not read, with the status
@@ -539,14 +556,11 @@ func (p *Proxy) finish(r *relay) {
 // idempotent, so the panic path can call it whatever was released before.
 func (p *Proxy) release(r *relay) {
 	r.endWatch()
-	if s := r.slot.Swap(nil); s != nil {
-		if r.hasLeft() {
-			// The watcher closed the slot's connection, possibly after
-			// it went back to the slot's idle pool: never reuse it.
-			s.hc.CloseIdleConnections()
-		}
-		p.pool.release(s)
+	if c := r.up.Swap(nil); c != nil || r.token {
+		p.pool.put(c, r.reusable())
+		r.token = false
 	}
+	r.unreserve()
 	if r.limited {
 		p.limit.release()
 		r.limited = false
@@ -559,6 +573,19 @@ func (p *Proxy) release(r *relay) {
 		p.inflight.Add(-1)
 		r.counted = false
 	}
+}
+
+// reusable reports whether the upstream connection may carry another
+// request: its response was read to the end, framed so that the end is
+// known, and nobody closed it. Any doubt closes it (a response the client
+// abandoned, a close-delimited body, a watcher that fired, a response that
+// asked for close); pool.put also refuses one with bytes read beyond the
+// response.
+func (r *relay) reusable() bool {
+	return r.atEOF && !r.hasLeft() && !r.upgraded &&
+		r.tr.ErrSide != SideUpstream &&
+		!r.resp.ConnectionClose() && !r.req.Header.ConnectionClose() &&
+		r.resp.Header.ContentLength() != -2 // identity: ended by the close
 }
 
 // readUsage fills the token counts from the stream's usage, the captured

@@ -54,14 +54,19 @@ type relay struct {
 	atEOF   bool // the upstream body was read to its end
 	sawEnd  bool // an end-of-stream event ([DONE], message_stop) was seen
 
-	limited  bool // holds a limiter slot
-	admitted bool // counted in Proxy.upstream
-	attempt  bool // begun in the retry tracker
-	counted  bool // counted in Proxy.inflight
+	limited  bool  // holds a limiter slot
+	admitted bool  // counted in Proxy.upstream
+	attempt  bool  // begun in the retry tracker
+	upgrade  bool  // the client asked to switch to a protocol the proxy tunnels
+	upgraded bool  // the connection was handed to a tunnel
+	counted  bool  // counted in Proxy.inflight
+	reserved int64 // body bytes counted in Proxy.bodyBytes
 
 	// The client watch: left is closed and gone set, once, when the client
-	// goes away; slot is the upstream connection to close then.
-	slot      atomic.Pointer[slot]
+	// goes away; up is the upstream connection to close then. up is also
+	// the connection the request holds, given back to the pool by release.
+	up        atomic.Pointer[upConn]
+	token     bool // holds one of the pool's connection tokens
 	left      chan struct{}
 	gone      atomic.Bool
 	stopWatch func()
@@ -161,10 +166,9 @@ func (r *relay) Read(p []byte) (int, error) {
 }
 
 // CloseWithError is called by fasthttp once the response is written, or
-// abandoned, with the client write error if any. Closing the upstream body
-// before its end closes the upstream connection (fasthttp v1.78), which is
-// how the engine learns that nobody reads the generation any more; calling
-// Close on BodyStream() instead would not (Bifrost #3341).
+// abandoned, with the client write error if any. A body not read to its end
+// leaves the upstream connection mid-response: release closes it, which is
+// how the engine learns that nobody reads the generation any more.
 func (r *relay) CloseWithError(err error) error {
 	r.tr.ClientDone = time.Now()
 	r.endWatch() // before the upstream connection can go back to its pool
@@ -172,7 +176,6 @@ func (r *relay) CloseWithError(err error) error {
 		r.fail(SideClient, ErrClientGone)
 	}
 	if !r.atEOF {
-		r.resp.SetConnectionClose()
 		if r.tr.ErrKind == ErrNone {
 			r.fail(SideClient, ErrClientGone) // abandoned without a write error (server shutdown)
 		}
@@ -203,20 +206,24 @@ func (r *relay) watch(ctx *fasthttp.RequestCtx) {
 // clientLeft runs on the watcher's goroutine when the client has gone: it
 // closes the upstream connection at once, whether the request waits for
 // headers (queue, prefill) or streams, so the engine stops working for
-// nobody. The handler stores the slot before checking gone and this stores
-// gone before loading the slot, so one of them always sees the other.
+// nobody. The handler stores the connection before checking gone and this
+// stores gone before loading it, so one of them always sees the other.
 func (r *relay) clientLeft() {
 	r.gone.Store(true)
 	close(r.left)
-	if s := r.slot.Load(); s != nil {
-		s.abort()
+	if c := r.up.Load(); c != nil {
+		_ = c.Close()
 	}
 }
 
 func (r *relay) hasLeft() bool { return r.gone.Load() }
 
-// fail records the first failure of the request; later ones are consequences.
+// fail records the first failure of the request; later ones are
+// consequences. Once Proxy.Abort ran, an upstream failure is the shutdown's.
 func (r *relay) fail(side Side, kind ErrKind) {
+	if side == SideUpstream && r.p.aborting.Load() {
+		side, kind = SideProxy, ErrShutdown
+	}
 	if r.tr.ErrKind == ErrNone {
 		r.tr.ErrSide, r.tr.ErrKind = side, kind
 	}

@@ -44,9 +44,11 @@ const (
 	ErrBadRequest              // the request could not be read
 	ErrPoolExhausted           // no free upstream connection within the wait
 	ErrLimited                 // the local limiter's queue was full or the wait too long
+	ErrShutdown                // cut when the shutdown grace ran out
+	ErrOverloaded              // the proxy's memory bound for request bodies was reached
 )
 
-var errKindNames = [...]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited"}
+var errKindNames = [...]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited", "shutdown", "overloaded"}
 
 func (k ErrKind) String() string {
 	if int(k) < len(errKindNames) {
@@ -86,6 +88,17 @@ type Trace struct {
 	Connect     time.Duration // acquiring the upstream connection (the dial, when Cold)
 	Cold        bool          // a new upstream connection was dialled for this request
 	UsageInject bool          // include_usage was added upstream by --inject-usage
+	// Redialed is set when the request failed on a reused upstream
+	// connection before any response byte and was sent once more on a new
+	// one (RedialReusedFailed). It is one client attempt all the same.
+	Redialed bool
+
+	// Upgraded is set for a request whose connection switched protocols
+	// (a WebSocket): the proxy tunnelled TunnelUp bytes from the client and
+	// TunnelDown bytes to it, and End is when the tunnel closed.
+	Upgraded   bool
+	TunnelUp   int64
+	TunnelDown int64
 
 	// Limited is set when the request passed the proxy's own concurrency
 	// limiter: Admit − Recv is then the exact queue wait (possibly 0), and

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"crypto/tls"
 	"net"
 	"sync"
@@ -13,110 +14,196 @@ import (
 // epoch anchors the monotonic stamps kept in atomics as offsets.
 var epoch = time.Now()
 
-// pool hands out slots: single-connection HostClients pinned to the
-// upstream. A HostClient exposes no link from a request to its connection,
-// and a request waiting for response headers (queue and prefill, possibly
-// minutes) can only be cancelled by closing that connection; with one
-// connection per slot the request holding the slot knows it. Free slots are
-// reused last-in first-out, so the busiest keep their connections warm.
+// upstreamBufSize is the size of an upstream connection's read and write
+// buffers. A response head must fit in the read buffer (a larger one is a
+// 502, as nginx's "upstream sent too big header"); bodies are read through
+// it in relay-sized pieces.
+const upstreamBufSize = 16 << 10
+
+// pool owns the upstream connections. A connection belongs either to the
+// idle list or to exactly one request, which takes it with get and gives it
+// back with put; nothing else reads from it, so no byte can reach a request
+// it was not the answer to. The pool never trusts an idle connection: it is
+// closed when it has been idle longer than the idle timeout (uvicorn, in
+// front of vLLM and SGLang, closes after 5 s) and when it became readable
+// while idle (the peer closed it, or sent bytes nobody asked for: Go's
+// Transport "Unsolicited response received on idle HTTP channel").
+// Free connections are reused last-in first-out, so the busiest stay warm.
 // A pool is safe for concurrent use.
 type pool struct {
-	cfg  *Config
-	up   upstream
-	sem  chan struct{} // one token per slot in use: bounds upstream connections
-	mu   sync.Mutex
-	free []*slot
-	all  []*slot
+	cfg   *Config
+	up    upstream
+	stats *Stats
+	sem   chan struct{} // one token per connection in use: bounds upstream connections
+
+	mu      sync.Mutex
+	idle    []*upConn // LIFO
+	busy    map[*upConn]struct{}
+	reaping bool // a reap is scheduled
+	closed  bool // abortAll ran: idle connections are no longer kept
 }
 
-// slot is one upstream connection's client. conn is the connection it
-// dialled last (nil before the first dial); it is set by the dialer and read
-// by whoever must close it.
-type slot struct {
-	hc   *fasthttp.HostClient
-	conn atomic.Pointer[upstreamConn]
+func newPool(cfg *Config, up upstream, stats *Stats) *pool {
+	return &pool{cfg: cfg, up: up, stats: stats, sem: make(chan struct{}, cfg.MaxUpstreamConns), busy: map[*upConn]struct{}{}}
 }
 
-func newPool(cfg *Config, up upstream) *pool {
-	return &pool{cfg: cfg, up: up, sem: make(chan struct{}, cfg.MaxConns)}
-}
-
-// acquire returns a free slot, waiting up to MaxConnWait when all
-// MaxConns are in use; nil means none became free.
-func (p *pool) acquire() *slot {
+// acquire takes one of MaxUpstreamConns tokens, waiting up to MaxConnWait
+// when all are in use; false means none became free. Each token is given
+// back by exactly one put or discard.
+func (p *pool) acquire() bool {
 	select {
 	case p.sem <- struct{}{}:
+		return true
 	default:
-		t := time.NewTimer(p.cfg.MaxConnWait)
-		defer t.Stop()
-		select {
-		case p.sem <- struct{}{}:
-		case <-t.C:
-			return nil
-		}
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if n := len(p.free); n > 0 {
-		s := p.free[n-1]
-		p.free = p.free[:n-1]
-		return s
+	t := time.NewTimer(p.cfg.MaxConnWait)
+	defer t.Stop()
+	select {
+	case p.sem <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
 	}
-	s := p.newSlot()
-	p.all = append(p.all, s)
-	return s
 }
 
-// release returns s to the pool. The caller has closed or drained the
-// response body, so the connection is idle or closed.
-func (p *pool) release(s *slot) {
+// get returns a connection for one request, holding a token from acquire:
+// an idle one that passed its checks, or a new one. reused says which.
+func (p *pool) get() (c *upConn, reused bool, err error) {
+	now := time.Now()
+	for {
+		c = p.popIdle()
+		if c == nil {
+			break
+		}
+		if reason := c.stale(now, p.cfg.UpstreamIdleTimeout); reason != RedialNone {
+			p.stats.redial(reason)
+			_ = c.Close()
+			continue
+		}
+		p.markBusy(c)
+		return c, true, nil
+	}
+	c, err = p.dial()
+	if err != nil {
+		return nil, false, err
+	}
+	p.markBusy(c)
+	return c, false, nil
+}
+
+func (p *pool) popIdle() *upConn {
 	p.mu.Lock()
-	p.free = append(p.free, s)
+	defer p.mu.Unlock()
+	n := len(p.idle)
+	if n == 0 {
+		return nil
+	}
+	c := p.idle[n-1]
+	p.idle[n-1] = nil
+	p.idle = p.idle[:n-1]
+	return c
+}
+
+func (p *pool) markBusy(c *upConn) {
+	p.mu.Lock()
+	p.busy[c] = struct{}{}
+	closed := p.closed
 	p.mu.Unlock()
+	if closed {
+		_ = c.Close() // shutting down: the request fails at once
+	}
+}
+
+// put ends a request's use of c and gives back its token; c is nil when
+// the request never got a connection. A connection whose last exchange
+// left any doubt about where the next response starts (reusable false, or
+// bytes beyond the response already read) is closed, never pooled.
+func (p *pool) put(c *upConn, reusable bool) {
+	if c == nil {
+		<-p.sem
+		return
+	}
+	p.mu.Lock()
+	delete(p.busy, c)
+	keep := reusable && !p.closed && c.br.Buffered() == 0
+	if keep {
+		c.idleSince = time.Now()
+		p.idle = append(p.idle, c)
+		if !p.reaping {
+			p.reaping = true
+			time.AfterFunc(p.cfg.UpstreamIdleTimeout, p.reap)
+		}
+	}
+	p.mu.Unlock()
+	if !keep {
+		_ = c.Close()
+	}
 	<-p.sem
+}
+
+// discard closes c, which failed, and keeps its token for the connection
+// that replaces it.
+func (p *pool) discard(c *upConn) {
+	p.mu.Lock()
+	delete(p.busy, c)
+	p.mu.Unlock()
+	_ = c.Close()
+}
+
+// reap closes idle connections past the idle timeout, so that the proxy
+// closes first and a pooled connection is not held open on the engine; it
+// re-arms itself while idle connections remain. It runs on a timer, never
+// on a goroutine of its own.
+func (p *pool) reap() {
+	now := time.Now()
+	timeout := p.cfg.UpstreamIdleTimeout
+	var expired []*upConn
+	p.mu.Lock()
+	kept := p.idle[:0]
+	next := timeout
+	for _, c := range p.idle {
+		if left := timeout - now.Sub(c.idleSince); left > 0 {
+			kept = append(kept, c)
+			next = min(next, left)
+		} else {
+			expired = append(expired, c)
+		}
+	}
+	clear(p.idle[len(kept):])
+	p.idle = kept
+	p.reaping = len(kept) > 0
+	if p.reaping {
+		time.AfterFunc(next, p.reap)
+	}
+	p.mu.Unlock()
+	for _, c := range expired {
+		_ = c.Close()
+	}
+}
+
+// abortAll closes every connection, idle or busy, and keeps none from now
+// on: requests still running end with an upstream read error at once.
+func (p *pool) abortAll() {
+	p.mu.Lock()
+	p.closed = true
+	conns := make([]*upConn, 0, len(p.idle)+len(p.busy))
+	conns = append(conns, p.idle...)
+	clear(p.idle)
+	p.idle = p.idle[:0]
+	for c := range p.busy {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 // conns counts open upstream connections.
 func (p *pool) conns() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := 0
-	for _, s := range p.all {
-		n += s.hc.ConnsCount()
-	}
-	return n
-}
-
-// newSlot builds a slot's client. Its own timeouts stay zero: fasthttp's
-// ReadTimeout is a deadline for the whole response body and would cut long
-// generations (reliability-anchors §0.3); the idle deadlines live in
-// upstreamConn instead.
-func (p *pool) newSlot() *slot {
-	s := &slot{}
-	s.hc = &fasthttp.HostClient{
-		Addr:                      p.up.addr,
-		IsTLS:                     p.up.tls,
-		Dial:                      func(addr string) (net.Conn, error) { return s.dial(addr, p.cfg) },
-		StreamResponseBody:        true,
-		MaxConns:                  1,
-		MaxIdemponentCallAttempts: 1, // a transparent proxy never re-sends on its own
-		ReadBufferSize:            p.cfg.MaxHeaderBytes,
-		NoDefaultUserAgentHeader:  true,
-		DisablePathNormalizing:    true,
-	}
-	if p.up.tls {
-		s.hc.TLSConfig = &tls.Config{InsecureSkipVerify: p.cfg.InsecureSkipVerify} //nolint:gosec // opt-in flag
-	}
-	return s
-}
-
-// abort closes the slot's connection, which ends a Do waiting for headers
-// or a body read in progress with an error; the engine sees the close and
-// stops work on the request.
-func (s *slot) abort() {
-	if c := s.conn.Load(); c != nil {
-		_ = c.Conn.Close()
-	}
+	return len(p.idle) + len(p.busy)
 }
 
 // dialError marks an error as having happened while connecting, so that it
@@ -126,65 +213,143 @@ type dialError struct{ err error }
 func (e *dialError) Error() string { return "dialing upstream: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-func (s *slot) dial(addr string, cfg *Config) (net.Conn, error) {
+func (p *pool) dial() (*upConn, error) {
 	start := time.Now()
-	c, err := fasthttp.DialTimeout(addr, cfg.DialTimeout)
+	raw, err := fasthttp.DialTimeout(p.up.addr, p.cfg.DialTimeout)
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	uc := &upstreamConn{Conn: c, idle: cfg.UpstreamReadTimeout, dialTook: time.Since(start)}
-	uc.addr = connAddr{Addr: c.LocalAddr(), conn: uc}
-	s.conn.Store(uc)
-	return uc, nil
+	if p.up.tls {
+		tc := tls.Client(raw, &tls.Config{ //nolint:gosec // InsecureSkipVerify is an opt-in flag
+			ServerName:         p.up.hostname,
+			InsecureSkipVerify: p.cfg.InsecureSkipVerify,
+		})
+		_ = tc.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
+		if err := tc.Handshake(); err != nil {
+			_ = raw.Close()
+			return nil, &dialError{err}
+		}
+		_ = tc.SetDeadline(time.Time{})
+		raw = tc
+	}
+	c := &upConn{Conn: raw, raw: raw, idle: p.cfg.UpstreamReadTimeout, dialTook: time.Since(start)}
+	if tc, ok := raw.(*tls.Conn); ok {
+		c.raw = tc.NetConn()
+	}
+	c.br = bufio.NewReaderSize(c, upstreamBufSize)
+	c.bw = bufio.NewWriterSize(c, upstreamBufSize)
+	return c, nil
 }
 
-// upstreamConn is an upstream connection with idle deadlines renewed on every
-// read and write, and the facts a Trace needs about it. The request that uses
-// it finds it again through Response.LocalAddr, which returns a connAddr.
-type upstreamConn struct {
+// upConn is one upstream connection with idle deadlines renewed on every
+// read and write, and the facts a Trace needs about it. It is used by one
+// request at a time (see pool); Close may be called from any goroutine
+// (the client watcher, shutdown).
+type upConn struct {
 	net.Conn
+	raw       net.Conn // the TCP connection under TLS, for the idle peek
+	br        *bufio.Reader
+	bw        *bufio.Writer
 	idle      time.Duration
 	dialTook  time.Duration
-	claimed   atomic.Bool  // the first request on the connection has taken the dial
-	lastWrite atomic.Int64 // since epoch; the end of the last request write
-	addr      connAddr
+	idleSince time.Time // when it was last put back; owned by the pool
+	uses      int       // requests begun on it; owned by the request holding it
+	read      int64     // bytes read since the current request began
+	readErr   error     // the last read error, as the socket gave it
+	lastWrite time.Time // the end of the last request write
 }
 
-func (c *upstreamConn) Read(p []byte) (int, error) {
+func (c *upConn) Read(p []byte) (int, error) {
 	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(p)
-}
-
-func (c *upstreamConn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.idle)); err != nil {
-		return 0, err
+	n, err := c.Conn.Read(p)
+	c.read += int64(n)
+	if err != nil {
+		c.readErr = err
 	}
-	n, err := c.Conn.Write(p)
-	c.lastWrite.Store(int64(time.Since(epoch)))
 	return n, err
 }
 
-func (c *upstreamConn) LocalAddr() net.Addr { return &c.addr }
-
-// connAddr is the local address of an upstreamConn, carrying the connection.
-type connAddr struct {
-	net.Addr
-	conn *upstreamConn
+// cause is the socket's own error behind err: fasthttp reports any failure
+// before the first byte of a response as io.EOF, a reset included.
+func (c *upConn) cause(err error) error {
+	if c.readErr != nil {
+		return c.readErr
+	}
+	return err
 }
 
-// connFacts fills the connection stamps of tr from the connection that
-// carried resp: when the request was sent and whether it paid for a dial.
-func connFacts(resp *fasthttp.Response, tr *Trace) {
-	a, ok := resp.LocalAddr().(*connAddr)
-	if !ok {
-		return
+func (c *upConn) Write(p []byte) (int, error) {
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.idle)); err != nil {
+		return 0, err
 	}
-	c := a.conn
-	tr.Sent = epoch.Add(time.Duration(c.lastWrite.Load()))
-	if c.claimed.CompareAndSwap(false, true) {
-		tr.Cold = true
+	return c.Conn.Write(p)
+}
+
+// stale says why an idle connection must not carry another request, or
+// RedialNone when it may.
+func (c *upConn) stale(now time.Time, timeout time.Duration) Redial {
+	if now.Sub(c.idleSince) >= timeout {
+		return RedialIdleTimeout
+	}
+	switch peekIdle(c.raw) {
+	case peekClosed:
+		return RedialPeerClosed
+	case peekData:
+		return RedialUnsolicited
+	}
+	return RedialNone
+}
+
+// Redial says why a request did not use, or did not stay on, a pooled
+// upstream connection.
+type Redial uint8
+
+// Reasons for a redial, bounded so that they can be metric labels.
+const (
+	RedialNone         Redial = iota
+	RedialIdleTimeout         // idle longer than --upstream-idle-timeout: closed before the engine would
+	RedialPeerClosed          // the engine closed it while it was idle (EOF or reset seen at reuse)
+	RedialUnsolicited         // the engine sent bytes while it was idle: nobody's response, discarded
+	RedialReusedFailed        // the request failed on the reused connection before any response byte, and was sent once more on a new one
+	numRedials
+)
+
+var redialNames = [...]string{"", "idle_timeout", "peer_closed", "unsolicited", "reused_failed"}
+
+func (r Redial) String() string { return redialNames[r] }
+
+// Stats counts what happens to connections outside any one request's
+// Trace. Its fields are safe to read at any time.
+type Stats struct {
+	redials      [numRedials]atomic.Uint64
+	AcceptErrors atomic.Uint64 // accept failures on the data listener (EMFILE, ENFILE, ENOBUFS, …)
+	ConnsRefused atomic.Uint64 // client connections over --max-conns, answered 503 and closed
+}
+
+func (s *Stats) redial(r Redial) { s.redials[r].Add(1) }
+
+// Redials returns how many times a connection was not reused, or a request
+// was re-sent, for the reason r.
+func (s *Stats) Redials(r Redial) uint64 { return s.redials[r].Load() }
+
+// RedialReasons lists every Redial but RedialNone, for exporting.
+func RedialReasons() []Redial {
+	out := make([]Redial, 0, numRedials-1)
+	for r := RedialNone + 1; r < numRedials; r++ {
+		out = append(out, r)
+	}
+	return out
+}
+
+// connFacts fills the connection stamps of tr from c, the connection that
+// carried the request: when the request was sent and whether it paid for a
+// dial.
+func connFacts(c *upConn, reused bool, tr *Trace) {
+	tr.Sent = c.lastWrite
+	tr.Cold = !reused
+	if !reused {
 		tr.Connect = c.dialTook
 	}
 }

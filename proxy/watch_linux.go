@@ -67,3 +67,40 @@ func (w clientWatcher) run() {
 		w.gone()
 	}
 }
+
+// Results of peekIdle.
+const (
+	peekQuiet  = iota // nothing to read: the connection is as it was left
+	peekClosed        // EOF or an error: the peer closed or reset it
+	peekData          // bytes are waiting that nobody asked for
+)
+
+// peekIdle looks, without waiting and without consuming anything, at
+// whether an idle connection became readable.
+func peekIdle(conn net.Conn) int {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return peekQuiet
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return peekClosed
+	}
+	state := peekQuiet
+	cerr := rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case errors.Is(err, syscall.EAGAIN):
+		case err != nil || n == 0:
+			state = peekClosed
+		default:
+			state = peekData
+		}
+		return true // never wait
+	})
+	if cerr != nil {
+		return peekClosed
+	}
+	return state
+}

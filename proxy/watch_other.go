@@ -8,3 +8,15 @@ import "net"
 // that leaves is noticed at the next write to it, so during a long prefill
 // the upstream keeps working until the first token arrives.
 func watchClient(net.Conn, func()) (stop func()) { return func() {} }
+
+// Results of peekIdle.
+const (
+	peekQuiet = iota
+	peekClosed
+	peekData
+)
+
+// peekIdle cannot look at the socket here: idle connections are trusted
+// until the idle timeout, and a request that fails on one before any
+// response byte is sent again on a new connection.
+func peekIdle(net.Conn) int { return peekQuiet }

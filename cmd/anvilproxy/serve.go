@@ -103,7 +103,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ClientWriteTimeout, "client-write-timeout", proxy.DefaultClientWriteTimeout, "idle timeout per write to a client; never limits a healthy stream's length")
 	fs.DurationVar(&c.UpstreamReadTimeout, "upstream-read-timeout", proxy.DefaultUpstreamReadTimeout, "idle timeout per read from the upstream, including the wait for headers (queue + prefill); 504 before headers")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", proxy.DefaultDialTimeout, "timeout for connecting to the upstream; 502 when it fails")
-	fs.IntVar(&c.MaxConns, "max-conns", proxy.DefaultMaxConns, "most upstream connections (each stream holds one for its whole generation)")
+	fs.IntVar(&c.MaxUpstreamConns, "max-upstream-conns", proxy.DefaultMaxUpstreamConns, "most upstream connections (each stream holds one for its whole generation)")
 	fs.DurationVar(&c.MaxConnWait, "max-conn-wait", proxy.DefaultMaxConnWait, "how long a request waits for a free upstream connection before 503")
 	fs.IntVar(&c.MaxInflight, "max-inflight", 0, "local concurrency limit: at most N requests upstream, the rest wait FIFO (set to the engine's slots to measure queueing exactly); 0 disables")
 	fs.IntVar(&c.MaxQueue, "max-queue", proxy.DefaultMaxQueue, "with --max-inflight: requests that may wait; one more gets 429")

@@ -73,7 +73,7 @@ type Config struct {
 	CapacityRamp time.Duration
 
 	// ProxyArgv runs "anvilproxy serve"; the bench appends --upstream,
-	// --listen, --admin-listen, --log-level, --max-conns and
+	// --listen, --admin-listen, --log-level, --max-upstream-conns and
 	// --shutdown-grace. Empty skips anvilproxy.
 	ProxyArgv []string
 	// ProxyLogLevel is anvilproxy's --log-level. Empty means "info", the

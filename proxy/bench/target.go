@@ -195,7 +195,7 @@ func startAnvil(argv []string, upstream, dir, logLevel string, maxConns int) (*t
 	}
 	args := append(argv[1:len(argv):len(argv)],
 		"--upstream", "http://"+upstream, "--listen", addr, "--admin-listen", admin,
-		"--log-level", logLevel, "--max-conns", strconv.Itoa(maxConns), "--shutdown-grace", "2s")
+		"--log-level", logLevel, "--max-upstream-conns", strconv.Itoa(maxConns), "--shutdown-grace", "2s")
 	cmd := exec.Command(argv[0], args...)
 	cmd.Dir = dir
 	t, err := launch(AnvilProxy, cmd, addr, dir)
@@ -204,7 +204,7 @@ func startAnvil(argv []string, upstream, dir, logLevel string, maxConns int) (*t
 	}
 	t.version = "this build"
 	t.metrics = "http://" + admin + "/metrics"
-	t.setup = fmt.Sprintf("anvilproxy serve, real recorder, --log-level %s (one line per request to a file), --max-conns %d, /metrics read between levels", logLevel, maxConns)
+	t.setup = fmt.Sprintf("anvilproxy serve, real recorder, --log-level %s (one line per request to a file), --max-upstream-conns %d, /metrics read between levels", logLevel, maxConns)
 	return t, nil
 }
 
