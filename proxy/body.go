@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -156,11 +157,17 @@ const (
 // is shut first, and the rest of the body drained for a bounded time and
 // size.
 func lingerClose(ctx *fasthttp.RequestCtx) {
-	ctx.SetConnectionClose()
+	// fasthttp would close at once after writing a Connection: close
+	// response; so the proxy writes it itself, on the hijacked connection.
+	ctx.Response.Header.SetConnectionClose()
+	var resp bytes.Buffer
+	_, _ = ctx.Response.WriteTo(&resp)
+	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
-		if cw, ok := c.(interface{ CloseWrite() error }); ok {
-			_ = cw.CloseWrite()
-		} else if tc, ok := unwrapTCP(c); ok {
+		if _, err := c.Write(resp.Bytes()); err != nil {
+			return
+		}
+		if tc, ok := unwrapTCP(c); ok {
 			_ = tc.CloseWrite()
 		}
 		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
@@ -175,6 +182,8 @@ func unwrapTCP(c net.Conn) (*net.TCPConn, bool) {
 		switch v := c.(type) {
 		case *net.TCPConn:
 			return v, true
+		case interface{ UnsafeConn() net.Conn }: // fasthttp's hijacked connection
+			c = v.UnsafeConn()
 		case interface{ NetConn() net.Conn }:
 			c = v.NetConn()
 		default:

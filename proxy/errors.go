@@ -85,6 +85,9 @@ func writeError(ctx *fasthttp.RequestCtx, status int, kind ErrKind, upstreamHost
 	ctx.Response.Reset()
 	ctx.SetStatusCode(status)
 	ctx.SetContentType("application/json")
+	if kind == ErrOverloaded {
+		ctx.Response.Header.Set("Retry-After", "1") // a memory bound passes in moments, not minutes
+	}
 	ctx.SetBody(b)
 }
 

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -141,13 +142,16 @@ func (p *Proxy) UpstreamConns() int { return p.pool.conns() }
 // deadlines instead.
 func (p *Proxy) Server() *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:                      p.Handle,
-		ErrorHandler:                 p.handleReadError,
-		Name:                         "anvilproxy",
-		ReadTimeout:                  p.cfg.ReadTimeout,
-		IdleTimeout:                  2 * time.Minute,
-		ReadBufferSize:               p.cfg.MaxHeaderBytes,
-		MaxRequestBodySize:           p.cfg.MaxBodyBytes,
+		Handler:        p.Handle,
+		ErrorHandler:   p.handleReadError,
+		ExpectHandler:  p.expect,
+		ReadTimeout:    p.cfg.ReadTimeout,
+		IdleTimeout:    2 * time.Minute,
+		ReadBufferSize: p.cfg.MaxHeaderBytes,
+		// The body limit is the proxy's (readBody): fasthttp's would refuse
+		// an oversized Content-Length in its error path, which cannot
+		// linger, so the client would read a reset instead of the 413.
+		MaxRequestBodySize:           math.MaxInt,
 		StreamRequestBody:            true, // so that t_recv is taken when the headers are in
 		DisablePreParseMultipartForm: true,
 		NoDefaultServerHeader:        true,
@@ -156,6 +160,17 @@ func (p *Proxy) Server() *fasthttp.Server {
 		CloseOnShutdown:              true,
 		Logger:                       serverLog{p.log},
 	}
+}
+
+// expect answers a client's Expect: 100-continue: 413 instead of 100 when
+// the declared body is over the limit, so that a client that waits (curl
+// does for bodies over 1 MiB) sends none of it. A client that does not
+// wait is refused by readBody once fasthttp has pre-read at most 8 KiB.
+func (p *Proxy) expect(ctx *fasthttp.RequestCtx) int {
+	if ctx.Request.Header.ContentLength() > p.cfg.MaxBodyBytes {
+		return fasthttp.StatusRequestEntityTooLarge
+	}
+	return fasthttp.StatusContinue
 }
 
 // serverLog takes fasthttp's own log lines. Their arguments can hold the
@@ -255,7 +270,6 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		side := SideClient
 		if kind == ErrOverloaded {
 			side = SideProxy
-			ctx.Response.Header.Set("Retry-After", "1")
 		}
 		r.fail(side, kind)
 		p.answerError(ctx, r, status)
@@ -286,6 +300,11 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	r.token = true
+	// The engine's head is read into a header that carries the server's
+	// settings (NoDefaultDate, NoDefaultContentType): Read keeps them, and
+	// CopyTo carries them back, so the engine's Date is kept and no
+	// Content-Type it did not send is added. fasthttp has no setter for them.
+	ctx.Response.Header.CopyTo(&r.resp.Header)
 	err := p.roundTrip(ctx, r)
 	tr.Headers = time.Now()
 	if err != nil {

@@ -168,8 +168,9 @@ func TestBodyTooLargeClosesConnection(t *testing.T) {
 		require.Zero(t, hits.Load())
 	})
 	t.Run("the client reads the 413", func(t *testing.T) {
-		t.Skip("BUG: with a body far over the limit fasthttp closes the connection with the body unread, which " +
-			"sends an RST: most clients get a connection reset instead of the 413 (77 of 100 for 1 MiB over 64 KiB)")
+		// A body far over the limit is refused on its Content-Length, before
+		// a byte of it is read; the lingering close lets the client read
+		// the 413 instead of a reset (it once lost 77 of 100).
 		up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {})
 		base, _ := startProxy(t, Config{Upstream: up.URL, MaxBodyBytes: 64 << 10}, newTraceLog())
 		for i := 0; i < 20; i++ {
@@ -298,15 +299,13 @@ func TestHopByHopEdgeCases(t *testing.T) {
 // (or, past the headers, a visibly truncated body), and the connection
 // that carried it is not used again (nginx proxy_duplicate_headers.t).
 func TestUpstreamResponseMalformedFraming(t *testing.T) {
-	const framedTwice = "a response with both Content-Length and Transfer-Encoding is relayed as a 200 (Transfer-Encoding wins) and " +
-		"its connection is reused; nginx answers 502 and closes it"
 	tests := []struct {
 		name, raw string
 		want      int // 200 means headers relayed, then a truncated body
 		bug       string
 	}{
-		{"content-length and transfer-encoding", "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, framedTwice},
-		{"transfer-encoding and content-length", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, framedTwice},
+		{"content-length and transfer-encoding", "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, ""},
+		{"transfer-encoding and content-length", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, ""},
 		{"duplicate content-length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab", 502, ""},
 		{"negative content-length", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nab", 502, ""},
 		{"unknown transfer-encoding", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc", 502, ""},

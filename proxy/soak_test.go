@@ -36,7 +36,7 @@ func soakDuration(t *testing.T) time.Duration {
 // none, so it can take any number.
 type outcomeCounter struct {
 	NopRecorder
-	kinds [ErrLimited + 1]atomic.Int64
+	kinds [len(errKindNames)]atomic.Int64
 }
 
 func (c *outcomeCounter) Record(t *Trace) { c.kinds[t.ErrKind].Add(1) }

@@ -107,10 +107,17 @@ func startProc(t *testing.T, upstream string, flags ...string) *proc {
 // startProcIn is startProc with the snapshot directory given.
 func startProcIn(t *testing.T, snapDir, upstream string, flags ...string) *proc {
 	t.Helper()
+	return startProcWith(t, exec.Command, snapDir, upstream, flags...)
+}
+
+// startProcWith is startProcIn with the command built by command, which can
+// wrap the binary (in a shell that sets a limit, for example).
+func startProcWith(t *testing.T, command func(string, ...string) *exec.Cmd, snapDir, upstream string, flags ...string) *proc {
+	t.Helper()
 	s := &proc{snapDir: snapDir, exited: make(chan struct{})}
 	args := append([]string{"serve", "--upstream", upstream, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--snapshot-dir", s.snapDir, "--log-level", "debug"}, flags...)
-	s.cmd = exec.Command(anvilBinary(t), args...)
+	s.cmd = command(anvilBinary(t), args...)
 	s.cmd.Stdout, s.cmd.Stderr = &s.stdout, &s.stderr
 	require.NoError(t, s.cmd.Start())
 	go func() {

@@ -104,6 +104,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.UpstreamReadTimeout, "upstream-read-timeout", proxy.DefaultUpstreamReadTimeout, "idle timeout per read from the upstream, including the wait for headers (queue + prefill); 504 before headers")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", proxy.DefaultDialTimeout, "timeout for connecting to the upstream; 502 when it fails")
 	fs.IntVar(&c.MaxUpstreamConns, "max-upstream-conns", proxy.DefaultMaxUpstreamConns, "most upstream connections (each stream holds one for its whole generation)")
+	fs.DurationVar(&c.UpstreamIdleTimeout, "upstream-idle-timeout", proxy.DefaultUpstreamIdleTimeout, "close an idle upstream connection after this long; keep it below the engine's keep-alive timeout (uvicorn, in front of vLLM and SGLang: 5s)")
+	fs.IntVar(&c.MaxClientConns, "max-conns", 0, "most client connections on --listen; one more gets 503 and is closed (0: derived from the file-descriptor limit, half of it less a reserve, since each stream also holds an upstream connection)")
+	fs.Int64Var(&c.MaxInflightBodyBytes, "max-inflight-body-bytes", proxy.DefaultMaxInflightBody, "most request-body bytes held in memory at once, all requests together; a request over it gets 503 with Retry-After")
 	fs.DurationVar(&c.MaxConnWait, "max-conn-wait", proxy.DefaultMaxConnWait, "how long a request waits for a free upstream connection before 503")
 	fs.IntVar(&c.MaxInflight, "max-inflight", 0, "local concurrency limit: at most N requests upstream, the rest wait FIFO (set to the engine's slots to measure queueing exactly); 0 disables")
 	fs.IntVar(&c.MaxQueue, "max-queue", proxy.DefaultMaxQueue, "with --max-inflight: requests that may wait; one more gets 429")
@@ -191,6 +194,9 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		log.Warn("no --upstream given: serving the simulated engine", zap.String("sim", cfg.Upstream))
 	}
 	st.upstream = cfg.Upstream
+	if cfg.MaxClientConns == 0 {
+		cfg.MaxClientConns = raiseFileLimit(log)
+	}
 	hcfg := f.histo
 	hcfg.SLOs = f.slos
 	hcfg.Inflight = func() int64 { return st.proxy.Inflight() }
@@ -205,6 +211,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	if st.proxy, err = proxy.New(cfg, log, st.rec); err != nil {
 		return nil, err
 	}
+	registerProxyStats(st.reg, st.proxy.Stats())
 	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
 		return nil, err
 	}
@@ -281,7 +288,7 @@ func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (bound string
 func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log *zap.Logger) error {
 	srv := p.Server()
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(p.Listener(ln)) }()
 
 	sigc := make(chan os.Signal, 2)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
@@ -299,10 +306,34 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		log.Warn("second signal: exiting at once")
 		os.Exit(1)
 	}()
-	if err := srv.ShutdownWithContext(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	err := srv.ShutdownWithContext(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		abortInflight(p, log)
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	return nil
+}
+
+// abortDrain bounds the wait, after Abort, for the cut requests to record
+// their Traces.
+const abortDrain = 2 * time.Second
+
+// abortInflight ends the requests still running when the shutdown grace
+// ran out: their upstream connections are closed, so each ends as a failed
+// request of kind shutdown, logged, counted and in the final snapshot,
+// which the caller writes next. The exit stays 0: the grace ending is the
+// operator's choice (as with nginx's worker_shutdown_timeout).
+func abortInflight(p *proxy.Proxy, log *zap.Logger) {
+	n := p.Inflight()
+	p.Abort()
+	deadline := time.Now().Add(abortDrain)
+	for p.Inflight() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	log.Warn("shutdown grace expired: requests still in flight were cut", zap.Int64("cut", n), zap.Int64("unfinished", p.Inflight()))
 }
 
 // startEmbeddedSim starts the simulated engine on a loopback port.

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// registerProxyStats exports the proxy's connection counters, which belong
+// to no single request's Trace: redials by reason, accept errors and
+// refused client connections.
+func registerProxyStats(reg prometheus.Registerer, st *proxy.Stats) {
+	for _, r := range proxy.RedialReasons() {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "anvilproxy_upstream_redials_total",
+			Help:        "Upstream connections not reused, or requests sent once more, by reason: idle_timeout, peer_closed and unsolicited are pooled connections closed at reuse; reused_failed is a request re-sent on a new connection after its reused one died before any response byte.",
+			ConstLabels: prometheus.Labels{"reason": r.String()},
+		}, func() float64 { return float64(st.Redials(r)) }))
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "anvilproxy_accept_errors_total",
+			Help: "Failures to accept a client connection (EMFILE, ENFILE, ENOBUFS, …); the proxy backs off and keeps serving.",
+		}, func() float64 { return float64(st.AcceptErrors.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "anvilproxy_conns_refused_total",
+			Help: "Client connections over --max-conns, answered 503 and closed.",
+		}, func() float64 { return float64(st.ConnsRefused.Load()) }),
+	)
+}

@@ -1,0 +1,147 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Accept back-off bounds: the same as net/http's Server.
+const (
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)
+
+// maxRefusing bounds the connections being refused at once; past it an
+// excess connection is closed without its 503.
+const maxRefusing = 64
+
+// refusal is what a connection over MaxClientConns reads before the close.
+var refusal = func() []byte {
+	const body = `{"error":{"message":"anvilproxy: too many client connections","type":"too_many_connections","code":503}}` + "\n"
+	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nRetry-After: 1\r\n" +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
+// Listener wraps the data listener so that running out of resources
+// degrades service instead of ending it. fasthttp's Serve returns on any
+// accept error but a timeout, and the process exits with every stream cut:
+// here an accept error (EMFILE, ENFILE, ENOBUFS, …) is counted, logged at
+// most once a second, and retried after a back-off. With MaxClientConns
+// set, a connection over it gets a 503 and is closed, so the file
+// descriptors that the streams in flight need are never taken by idle
+// clients. The returned listener is safe for concurrent use.
+func (p *Proxy) Listener(ln net.Listener) net.Listener {
+	return &guardedListener{Listener: ln, p: p, max: int64(p.cfg.MaxClientConns)}
+}
+
+type guardedListener struct {
+	net.Listener
+	p        *Proxy
+	max      int64
+	open     atomic.Int64
+	refusing atomic.Int64
+	mu       sync.Mutex
+	lastLog  time.Time
+}
+
+func (l *guardedListener) Accept() (net.Conn, error) {
+	backoff := time.Duration(0)
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil, err
+			}
+			l.p.stats.AcceptErrors.Add(1)
+			backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
+			l.logAcceptError(err, backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		if l.max > 0 && l.open.Load() >= l.max {
+			l.refuse(c)
+			continue
+		}
+		l.open.Add(1)
+		return &countedConn{Conn: c, l: l}, nil
+	}
+}
+
+func (l *guardedListener) logAcceptError(err error, backoff time.Duration) {
+	l.mu.Lock()
+	now := time.Now()
+	quiet := now.Sub(l.lastLog) < time.Second
+	if !quiet {
+		l.lastLog = now
+	}
+	l.mu.Unlock()
+	if !quiet {
+		l.p.log.Error("accepting a client connection failed; retrying", zap.Error(err),
+			zap.Duration("backoff", backoff), zap.Uint64("accept_errors_total", l.p.stats.AcceptErrors.Load()))
+	}
+}
+
+// refuse answers an excess connection with a 503 and closes it, on a
+// goroutine of its own so that accepting goes on.
+func (l *guardedListener) refuse(c net.Conn) {
+	l.p.stats.ConnsRefused.Add(1)
+	if l.refusing.Add(1) > maxRefusing {
+		l.refusing.Add(-1)
+		_ = c.Close()
+		return
+	}
+	go func() {
+		defer l.refusing.Add(-1)
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(lingerTime))
+		if _, err := c.Write(refusal); err != nil {
+			return
+		}
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+		var buf [4 << 10]byte
+		for n := 0; n < lingerBytes; { // lingering close: the client reads the 503, not a reset
+			m, err := c.Read(buf[:])
+			if err != nil {
+				return
+			}
+			n += m
+		}
+	}()
+}
+
+// countedConn is a client connection counted against MaxClientConns until
+// it is closed.
+type countedConn struct {
+	net.Conn
+	l      *guardedListener
+	closed atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.open.Add(-1)
+	}
+	return c.Conn.Close()
+}
+
+// SyscallConn and NetConn keep the socket reachable through the wrapper,
+// for the client watcher and the lingering close.
+func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
+}
+
+func (c *countedConn) NetConn() net.Conn { return c.Conn }
