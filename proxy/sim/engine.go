@@ -53,6 +53,10 @@ type result struct {
 	prefill time.Duration // slot to first token
 	decode  time.Duration // first token to latest token
 
+	admitted   time.Time // slot acquired; zero until then
+	firstToken time.Time // end of prefill; zero until then
+	finished   time.Time // the slot was let go; zero until then
+
 	reasoning strings.Builder
 	content   strings.Builder
 }
@@ -150,8 +154,14 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	if err := s.wait(ctx, t); err != nil {
 		return res, s.abort(j, res, PhaseQueue)
 	}
-	defer s.release()
+	defer func() {
+		// Stamped before the slot is let go, so a successor is never
+		// admitted before its predecessor finished.
+		res.finished = time.Now()
+		s.release()
+	}()
 	admitted := time.Now()
+	res.admitted = admitted
 	res.queue = admitted.Sub(j.arrived)
 
 	hashes := s.cache.hashes(j.prompt)
@@ -173,6 +183,7 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	s.cache.insert(hashes)
 	s.mu.Unlock()
 	start := time.Now()
+	res.firstToken = start
 	res.prefill = start.Sub(admitted)
 
 	if err := out.start(res); err != nil {

@@ -44,6 +44,16 @@
 // ("max_tokens" for Messages) when the request set the limit, "stop"
 // ("end_turn") when it did not.
 //
+// Usage reports the cached prompt tokens, as vLLM does
+// (prompt_tokens_details.cached_tokens; Messages: cache_read_input_tokens,
+// input_tokens excluding them), unless Config.UnreportedCache: then no cached
+// count is reported, as from ollama, while the cache still cuts prefill.
+//
+// The engine records the truth of every request it admitted — its true
+// queue wait, prefill time and the cached tokens it used — for in-process
+// tests to compare with what a proxy inferred (Server.Truth); none of it is
+// sent to the client.
+//
 // Reasoning is on for chat completions and Responses unless the request sends
 // "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
 // "chat_template_kwargs":{"enable_thinking":false}; on for Messages only when
@@ -126,6 +136,16 @@ type Config struct {
 	FailRate float64
 	// Seed makes event sizes, filler text, ids and FailRate reproducible.
 	Seed int64
+	// UnreportedCache makes the engine report no cached prompt tokens while
+	// its prefix cache still cuts prefill, as ollama and many llama.cpp
+	// based servers do: chat and legacy completions usage has no
+	// prompt_tokens_details, Messages usage no cache_read_input_tokens
+	// (input_tokens is the whole prompt), and Responses usage says
+	// cached_tokens 0 (as ollama's /v1/responses does). Cache hits are then
+	// visible only in timing. Timings (llama.cpp's cache_n) are unaffected:
+	// they are a separate, explicit choice. The zero value reports them, as
+	// vLLM does.
+	UnreportedCache bool
 }
 
 // TimingMode selects how a response reports the engine's own timing, which
@@ -185,6 +205,7 @@ type Server struct {
 	attempts map[uint64]int
 	fail     *rand.Rand
 	stats    Stats
+	truths   *truths
 }
 
 // New returns a Server for cfg with defaults filled in, or an error naming
@@ -200,6 +221,7 @@ func New(cfg Config) (*Server, error) {
 		cache:    newPrefixCache(cfg.CacheBlockTokens, cfg.BytesPerToken, cfg.CacheBlocks),
 		attempts: make(map[uint64]int),
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
+		truths:   newTruths(),
 	}
 	s.mux = s.routes()
 	return s, nil
