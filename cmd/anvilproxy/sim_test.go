@@ -70,3 +70,21 @@ func assertNoErr(t *testing.T, err error) bool {
 	}
 	return true
 }
+
+func TestSimFlagsDefaultsAndLengths(t *testing.T) {
+	c, _, err := parseSimFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, sim.DefaultKeepAliveTimeout, c.KeepAliveTimeout)
+	require.False(t, c.UnreportedCache)
+	require.Nil(t, c.NaturalLengths, "the sim's reference lengths")
+	require.False(t, c.ExactLength)
+
+	c, _, err = parseSimFlags([]string{"--keepalive-timeout", "0", "--lengths", "20, 40,60", "--exact-length"}, io.Discard)
+	require.NoError(t, err)
+	require.Negative(t, c.KeepAliveTimeout, "0 on the command line: never close")
+	require.Equal(t, []int{20, 40, 60}, c.NaturalLengths)
+	require.True(t, c.ExactLength)
+
+	_, _, err = parseSimFlags([]string{"--lengths", "20,x"}, io.Discard)
+	require.Error(t, err)
+}

@@ -23,8 +23,8 @@ type job struct {
 	id        string // response id with the protocol's prefix
 	base      string // id without prefix, for derived item ids
 	prompt    string // the text whose bytes are the prompt tokens
-	maxTokens int    // completion length; 0 until defaulted
-	limited   bool   // the request set maxTokens, so the finish is "length"
+	maxTokens int    // completion length: the request's limit until Server.length decides
+	limited   bool   // the limit cuts the answer, so the finish is "length" ("max_tokens")
 	reasoning bool
 	stream    bool
 	created   int64 // Unix seconds, as in "created"

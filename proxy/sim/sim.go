@@ -38,11 +38,22 @@
 // text is: the tools JSON as sent, then "role\ncontent\n" per message in order
 // (content parts contribute their "text", other parts their JSON); for
 // completions it is the prompt; for Responses, instructions then input items;
-// for Messages, tools, system, then messages. The completion is exactly the
-// request's token limit (max_completion_tokens, max_tokens, max_output_tokens)
-// or Config.DefaultMaxTokens, and the finish reason says "length"
-// ("max_tokens" for Messages) when the request set the limit, "stop"
-// ("end_turn") when it did not.
+// for Messages, tools, system, then messages.
+//
+// Answers end by themselves, as a model's do: each request has a natural
+// length drawn from Config.NaturalLengths (by default the reference run's
+// 274–519 tokens), deterministically from its prompt and Config.Seed, and
+// ends there with finish reason "stop" ("end_turn" for Messages, status
+// "completed" for Responses). Only when the request's token limit
+// (max_completion_tokens, max_tokens, max_output_tokens) is smaller does the
+// limit cut it: that many tokens, finish "length" ("max_tokens"). With
+// Config.ExactLength the completion is exactly the limit (or
+// Config.DefaultMaxTokens when none is set), as before natural stops.
+//
+// Connections: the server HTTPServer returns closes a keep-alive connection
+// idle for Config.KeepAliveTimeout, 5 s by default, as uvicorn does in front
+// of vLLM and SGLang; a client that pools connections meets a closed one
+// after a pause between turns.
 //
 // Usage reports the cached prompt tokens, as vLLM does
 // (prompt_tokens_details.cached_tokens; Messages: cache_read_input_tokens,
@@ -72,6 +83,8 @@
 //	X-Sim-Event-Gap: 50ms       decode events exactly this far apart (tokens per event
 //	                            unchanged); a time.ParseDuration string
 //	X-Sim-Prefill: 2s           prefill takes exactly this long
+//	X-Sim-Completion-Tokens: 40 this request's natural length is 40 tokens (a
+//	                            smaller limit still cuts it); also with ExactLength
 //	X-Request-Id: abc           the response id becomes "chatcmpl-abc" (per protocol
 //	                            prefix) and the header is echoed, as vLLM does
 //
@@ -83,6 +96,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -118,8 +132,20 @@ type Config struct {
 	// BytesPerToken is the prompt token estimate. 0 means 4.
 	BytesPerToken int
 	// DefaultMaxTokens is the completion length when the request sets no
-	// limit. 0 means 256.
+	// limit, with ExactLength. 0 means 256.
 	DefaultMaxTokens int
+	// NaturalLengths is a sample of natural completion lengths: each
+	// request's answer ends by itself ("stop") after a length drawn between
+	// them (their quantiles, interpolated), deterministically from the
+	// prompt and Seed, unless the request's limit is smaller. nil means
+	// ReferenceLengths (274–519 tokens). It is sorted on New.
+	NaturalLengths []int
+	// ExactLength makes every completion exactly the request's limit, or
+	// DefaultMaxTokens when it sets none, with finish "length" when it set
+	// one: the simulator's behaviour before natural stops, for tests that
+	// need a known length. X-Sim-Completion-Tokens sets one request's
+	// natural length instead.
+	ExactLength bool
 	// ReasoningShare is the share of completion tokens that are reasoning
 	// when reasoning is on (rounded down). 0 means 0.5.
 	ReasoningShare float64
@@ -146,6 +172,11 @@ type Config struct {
 	// they are a separate, explicit choice. The zero value reports them, as
 	// vLLM does.
 	UnreportedCache bool
+	// KeepAliveTimeout is how long an idle keep-alive connection stays
+	// open, applied by the server HTTPServer returns. 0 means
+	// DefaultKeepAliveTimeout (5 s, uvicorn's); negative means never, as
+	// Go net/http engines such as ollama.
+	KeepAliveTimeout time.Duration
 }
 
 // TimingMode selects how a response reports the engine's own timing, which
@@ -275,6 +306,16 @@ func withDefaults(c Config) (Config, error) {
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel
+	}
+	if c.NaturalLengths == nil {
+		c.NaturalLengths = ReferenceLengths
+	}
+	c.NaturalLengths = slices.Sorted(slices.Values(c.NaturalLengths)) // a copy: the caller's slice stays theirs
+	if len(c.NaturalLengths) == 0 || c.NaturalLengths[0] < 1 {
+		return c, fmt.Errorf("sim: NaturalLengths %v, want at least one length >= 1", c.NaturalLengths)
+	}
+	if c.KeepAliveTimeout == 0 {
+		c.KeepAliveTimeout = DefaultKeepAliveTimeout
 	}
 	return c, nil
 }
