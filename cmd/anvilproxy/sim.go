@@ -63,7 +63,8 @@ func parseSimFlags(args []string, stderr io.Writer) (c sim.Config, listen string
 	fs.Float64Var(&c.ReasoningShare, "reasoning-share", 0.5, "share of completion tokens that are reasoning, sent before content")
 	fs.TextVar(&c.Timings, "timings", sim.TimingNone, "engine timing in the final chunk: none, vllm (metrics.queue_time_ms …) or llamacpp (timings.prompt_ms …)")
 	fs.Float64Var(&c.FailRate, "fail-rate", 0, "share of requests answered with 500, 0 to 1")
-	fs.Int64Var(&c.Seed, "seed", 1, "seed for event sizes, filler text and failures")
+	fs.Float64Var(&c.TruncateRate, "truncate-rate", 0, "share of streams that end early but cleanly, as ollama's do (HTTP 200, no finish_reason, no usage, no [DONE]), 0 to 1")
+	fs.Int64Var(&c.Seed, "seed", 1, "seed for event sizes, filler text, answer lengths, failures and truncations")
 	fs.DurationVar(&c.KeepAliveTimeout, "keepalive-timeout", sim.DefaultKeepAliveTimeout, "close a keep-alive connection idle this long, as uvicorn (vLLM, SGLang) does after 5s; 0: never, as Go engines such as ollama")
 	reportCached := fs.Bool("report-cached", true, "report cached prompt tokens in usage, as vLLM does; false: report none while the prefix cache still cuts prefill, as ollama and many llama.cpp servers do")
 	if err := parseFlags(fs, args); err != nil {

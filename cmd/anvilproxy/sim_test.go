@@ -79,11 +79,12 @@ func TestSimFlagsDefaultsAndLengths(t *testing.T) {
 	require.Nil(t, c.NaturalLengths, "the sim's reference lengths")
 	require.False(t, c.ExactLength)
 
-	c, _, err = parseSimFlags([]string{"--keepalive-timeout", "0", "--lengths", "20, 40,60", "--exact-length"}, io.Discard)
+	c, _, err = parseSimFlags([]string{"--keepalive-timeout", "0", "--lengths", "20, 40,60", "--exact-length", "--truncate-rate", "0.25"}, io.Discard)
 	require.NoError(t, err)
 	require.Negative(t, c.KeepAliveTimeout, "0 on the command line: never close")
 	require.Equal(t, []int{20, 40, 60}, c.NaturalLengths)
 	require.True(t, c.ExactLength)
+	require.Equal(t, 0.25, c.TruncateRate)
 
 	_, _, err = parseSimFlags([]string{"--lengths", "20,x"}, io.Discard)
 	require.Error(t, err)

@@ -18,6 +18,10 @@ var errClientGone = errors.New("sim: client went away")
 // errInjected ends a generation cut short by X-Sim-Fail-After-Events.
 var errInjected = errors.New("sim: injected mid-stream failure")
 
+// errTruncated ends a stream early but cleanly, as ollama ends a generation
+// it stopped for repetition: no finish, no usage, no closing events.
+var errTruncated = errors.New("sim: stream truncated")
+
 // job is what the engine needs from a request, whatever its protocol.
 type job struct {
 	id        string // response id with the protocol's prefix
@@ -31,6 +35,23 @@ type job struct {
 	arrived   time.Time
 	bodyHash  uint64
 	knobs     knobs
+	// truncTokens > 0 truncates the stream once that many tokens are out
+	// (drawn by Config.TruncateRate); 0: off.
+	truncTokens int
+}
+
+// truncating reports whether j's stream ends without its final event.
+func (j *job) truncating() bool {
+	return j.stream && (j.knobs.truncAfter >= 0 || j.truncTokens > 0)
+}
+
+// truncatesAt reports whether j's stream ends before output event k, when
+// emitted tokens are out.
+func (j *job) truncatesAt(k, emitted int) bool {
+	if !j.stream {
+		return false
+	}
+	return k == j.knobs.truncAfter || (j.truncTokens > 0 && emitted >= j.truncTokens)
 }
 
 // delta is one output event: a run of tokens of one kind.
@@ -143,8 +164,9 @@ func (s *Server) release() {
 }
 
 // run takes an admitted request through queue, prefill and decode, sending
-// its events to out. It returns errClientGone after recording an abort, or
-// errInjected when X-Sim-Fail-After-Events cut it short.
+// its events to out. It returns errClientGone after recording an abort,
+// errInjected when X-Sim-Fail-After-Events cut it short, or errTruncated
+// when the stream is to end cleanly without its final events.
 func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*result, error) {
 	res := &result{}
 	defer s.account(res)
@@ -200,7 +222,13 @@ func (s *Server) decode(ctx context.Context, timer *time.Timer, j *job, res *res
 		if k == j.knobs.failAfter {
 			return errInjected
 		}
+		if j.truncatesAt(k, p.emitted) {
+			return errTruncated
+		}
 		n, reasoning := p.next()
+		if p.done() && j.truncating() {
+			return errTruncated // a truncated stream never carries its final event
+		}
 		due := start.Add(perRate(p.emitted-1, s.cfg.DecodeTokensPerSec))
 		if j.knobs.eventGap >= 0 {
 			due = start.Add(time.Duration(k) * j.knobs.eventGap)

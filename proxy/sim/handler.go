@@ -88,6 +88,13 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		// written, so the client sees an unexpected EOF (as Go's
 		// ReverseProxy does when its upstream dies).
 		panic(http.ErrAbortHandler)
+	case errors.Is(err, errTruncated):
+		// Returning ends the chunked body cleanly: HTTP 200, no finish, no
+		// usage, no [DONE] or closing events, as ollama's streams end when
+		// it stops a generation for repetition.
+		s.record(j, res, OutcomeTruncated)
+		s.count(&s.stats.Truncated)
+		return
 	case err != nil:
 		s.record(j, res, OutcomeAborted)
 		return

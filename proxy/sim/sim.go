@@ -80,6 +80,12 @@
 //	                            beyond the last event: before the closing events), so
 //	                            the client sees an unexpected EOF; a non-stream request
 //	                            drops before any response byte
+//	X-Sim-Truncate-After-Events: 3
+//	                            after 3 output events end the stream cleanly, as
+//	                            ollama does (HTTP 200, chunked end, but no finish
+//	                            reason, usage, [DONE] or closing events); before
+//	                            the final output event if the answer has fewer;
+//	                            non-stream requests are answered in full
 //	X-Sim-Event-Gap: 50ms       decode events exactly this far apart (tokens per event
 //	                            unchanged); a time.ParseDuration string
 //	X-Sim-Prefill: 2s           prefill takes exactly this long
@@ -160,7 +166,16 @@ type Config struct {
 	// FailRate is the share of requests answered with 500, drawn from a
 	// sequence seeded by Seed. 0 means none.
 	FailRate float64
-	// Seed makes event sizes, filler text, ids and FailRate reproducible.
+	// TruncateRate is the share of streamed answers that end early but
+	// cleanly, as ollama ends a generation it stopped for repetition: HTTP
+	// 200, the chunked body terminated, but no finish reason, no usage, no
+	// [DONE] (Messages: no message_delta or message_stop; Responses: no
+	// response.completed), after a uniformly drawn part of the answer. Drawn
+	// from a sequence seeded by Seed. 0 means none. Non-stream answers are
+	// never truncated.
+	TruncateRate float64
+	// Seed makes event sizes, filler text, ids, FailRate and TruncateRate
+	// reproducible.
 	Seed int64
 	// UnreportedCache makes the engine report no cached prompt tokens while
 	// its prefix cache still cuts prefill, as ollama and many llama.cpp
@@ -235,6 +250,7 @@ type Server struct {
 	cache    *prefixCache
 	attempts map[uint64]int
 	fail     *rand.Rand
+	trunc    *rand.Rand
 	stats    Stats
 	truths   *truths
 }
@@ -252,6 +268,7 @@ func New(cfg Config) (*Server, error) {
 		cache:    newPrefixCache(cfg.CacheBlockTokens, cfg.BytesPerToken, cfg.CacheBlocks),
 		attempts: make(map[uint64]int),
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
+		trunc:    rand.New(rand.NewPCG(uint64(cfg.Seed), 0x7256)),
 		truths:   newTruths(),
 	}
 	s.mux = s.routes()
@@ -292,6 +309,7 @@ func withDefaults(c Config) (Config, error) {
 		{"DecodeTokensPerSec", &c.DecodeTokensPerSec, 235, math.MaxFloat64},
 		{"ReasoningShare", &c.ReasoningShare, 0.5, 1},
 		{"FailRate", &c.FailRate, 0, 1},
+		{"TruncateRate", &c.TruncateRate, 0, 1},
 	}
 	for _, f := range floats {
 		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
@@ -357,6 +375,7 @@ type Stats struct {
 	Aborted     int64 // the client went away first
 	Rejected429 int64 // answered 429: queue full or X-Sim-Fail-Attempts
 	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
+	Truncated   int64 // streams ended cleanly without their final events
 
 	Active int // holding a slot now
 	Queued int // waiting for a slot now

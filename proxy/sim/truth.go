@@ -32,6 +32,7 @@ const (
 	OutcomeCompleted Outcome = "completed" // generated in full and written
 	OutcomeAborted   Outcome = "aborted"   // the client went away first
 	OutcomeFailed    Outcome = "failed"    // cut by X-Sim-Fail-After-Events
+	OutcomeTruncated Outcome = "truncated" // ended cleanly without finish, usage or [DONE] (X-Sim-Truncate-After-Events, Config.TruncateRate)
 )
 
 // maxTruths bounds the truth records kept: the oldest are forgotten first.
