@@ -89,6 +89,8 @@
 //	X-Sim-Event-Gap: 50ms       decode events exactly this far apart (tokens per event
 //	                            unchanged); a time.ParseDuration string
 //	X-Sim-Prefill: 2s           prefill takes exactly this long
+//	X-Sim-Report-Cached: false  report no cached tokens for this request, as
+//	                            Config.UnreportedCache does for all
 //	X-Sim-Completion-Tokens: 40 this request's natural length is 40 tokens (a
 //	                            smaller limit still cuts it); also with ExactLength
 //	X-Request-Id: abc           the response id becomes "chatcmpl-abc" (per protocol

@@ -180,3 +180,24 @@ func maps(m map[string]any, extra ...any) map[string]any {
 	}
 	return out
 }
+
+// TestReportCachedKnob hides the cached count of single requests on an
+// engine that reports it.
+func TestReportCachedKnob(t *testing.T) {
+	s, ts := start(t, fast())
+	body := chatBody(false, false, "max_tokens", 2, "messages",
+		[]any{map[string]any{"role": "user", "content": strings.Repeat("resent prefix ", 100)}})
+	post(t, context.Background(), ts.URL+"/v1/chat/completions", body) // warms the cache
+	for _, tc := range []struct {
+		header string
+		want   bool
+	}{{"false", false}, {"true", true}, {"", true}} {
+		id := "report-" + tc.header
+		resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", body, "X-Sim-Report-Cached", tc.header, "X-Request-Id", id)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, strings.Contains(string(b), `"cached_tokens":336`), "%q: %s", tc.header, b)
+		tr, _ := s.Truth(id)
+		require.Equal(t, 336, tr.CachedTokens, "the cache served it either way")
+	}
+}
