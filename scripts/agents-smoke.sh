@@ -5,7 +5,7 @@
 # It builds anvilproxy, installs pinned versions of OpenAI Codex, opencode
 # and Claude Code from npm into a temporary directory, starts
 # `anvilproxy serve` on loopback ports with its default upstream (the
-# embedded simulated engine), points each agent at the proxy with a dummy
+# embedded simulated engine, or `anvilproxy sim $SIM_ARGS`), points each agent at the proxy with a dummy
 # key, runs one non-interactive prompt per agent under a timeout, and then
 # reads the admin /requests JSON: each agent passes when it exited 0 within
 # AGENT_MAX_SECONDS and the proxy recorded at least one of its requests on
