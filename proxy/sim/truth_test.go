@@ -151,6 +151,7 @@ func TestUnreportedCache(t *testing.T) {
 					}
 					tr, ok := s.Truth(rid)
 					require.True(t, ok)
+					t.Logf("%s: client %v, engine prefill %v, cached %d of %d (reported: none)", rid, took.Round(time.Millisecond), tr.Prefill.Round(time.Millisecond), tr.CachedTokens, tr.PromptTokens)
 					if i == 0 && !stream {
 						require.Zero(t, tr.CachedTokens)
 						require.GreaterOrEqual(t, tr.Prefill, 390*time.Millisecond)
