@@ -89,7 +89,6 @@ func serve(t *testing.T, start func(net.Listener) (func(), error)) string {
 	return ln.Addr().String()
 }
 
-
 // record is one /requests record: histo.Request, plus the fields of issue
 // 15 that this branch's histo.Request may not have yet (nil when absent).
 type record struct {
