@@ -8,6 +8,7 @@
 #   scripts/real-engine.sh stop    stop the server started by `start` (by its PID)
 #   scripts/real-engine.sh env     print the variables the suite reads (eval-able)
 #   scripts/real-engine.sh test    start, run the suite (go test ./proxy/conformance/), stop
+#                                  (it stops the server even if an earlier `start` began it)
 #
 # Exit codes: 0 ok; 1 a failure of ours (fails CI); 75 (EX_TEMPFAIL) an outside
 # reason: a package registry refused or was unreachable. `test` turns 75 into
@@ -48,6 +49,7 @@ ensure_packages() {
   [ -f /usr/include/stb/stb_image.h ] || need+=(libstb-dev)
   command -v gcc >/dev/null || need+=(gcc)
   command -v g++ >/dev/null || need+=(g++)
+  command -v curl >/dev/null || need+=(curl)
   [ ${#need[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null || die "need ${need[*]} and there is no apt-get"
   local alog="$cache/apt.log"
@@ -112,8 +114,8 @@ MA_API void ma_encoder_uninit(ma_encoder *e) { (void)e; }
 EOF
 }
 
-# build_ollama: go install into $cache/gopath; the binary is kept at $bin and
-# reused as long as it reports the pinned version.
+# build_ollama: go install with GOBIN=$cache/bin; the binary is reused while
+# its stamp names the pinned version.
 build_ollama() {
   # The stamp is written only after a whole build: a half-built cache is
   # rebuilt, and a version bump here rebuilds.

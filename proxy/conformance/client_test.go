@@ -69,7 +69,8 @@ func (r *response) cancelledAt() time.Time {
 }
 
 // do sends body to base+path with the given Host ("" for the URL's) and
-// reads the whole response, stamping events. cancelAfter > 0 closes the
+// reads the whole response, stamping events. It may run on any goroutine
+// (it reports with t.Error, never t.Fatal). cancelAfter > 0 closes the
 // request that long after the headers were written (a client disconnect).
 func do(t *testing.T, base, path, body, host string, cancelAfter time.Duration) *response {
 	t.Helper()
@@ -77,7 +78,8 @@ func do(t *testing.T, base, path, body, host string, cancelAfter time.Duration) 
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, strings.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err) // not Fatal: do also runs on goroutines of its own
+		return &response{readErr: err}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if host != "" {
@@ -112,7 +114,7 @@ func do(t *testing.T, base, path, body, host string, cancelAfter time.Duration) 
 	select {
 	case <-wrote:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the request's headers were never written")
+		t.Error("the request's headers were never written")
 	}
 	if cancelAfter > 0 {
 		cancel()

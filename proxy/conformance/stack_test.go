@@ -2,7 +2,6 @@ package conformance
 
 import (
 	"encoding/json"
-	"errors"
 	"net"
 	"net/http"
 	"os"
@@ -129,7 +128,7 @@ func (st *stack) waitRecords(t *testing.T, n int) []record {
 			return out
 		}
 		if time.Now().After(deadline) {
-			t.Fatal(errors.New("timed out waiting for the proxy's records"), "have", len(rs), "want", n)
+			t.Fatalf("timed out waiting for the proxy's records: have %d, want %d", len(rs), n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
