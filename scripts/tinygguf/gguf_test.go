@@ -222,3 +222,54 @@ func TestDeterministic(t *testing.T) {
 		t.Fatalf("file differs from the in-memory model (err %v)", err)
 	}
 }
+
+// floats reads tensor name's data back from the file.
+func (p *parsed) floats(t *testing.T, name string) []float32 {
+	t.Helper()
+	for _, pt := range p.tensors {
+		if pt.name == name {
+			n := elems(pt.dims)
+			out := make([]float32, n)
+			for i := range out {
+				out[i] = math.Float32frombits(binary.LittleEndian.Uint32(p.data[pt.offset+4*uint64(i):]))
+			}
+			return out
+		}
+	}
+	t.Fatalf("no tensor %s", name)
+	return nil
+}
+
+// TestBiasChannel reads the weights back: dimension 0 of every embedding is
+// the constant, no layer writes it, and the output layer's column 0 holds
+// each token kind's bias.
+func TestBiasChannel(t *testing.T) {
+	p := parse(t, model(t, defaultSeed))
+	toks := p.kvs["tokenizer.ggml.tokens"].([]any)
+	embd := p.floats(t, "token_embd.weight")
+	for tok := range toks {
+		if embd[tok*64] != biasEmbed {
+			t.Fatalf("token %d: embedding[0] = %v, want %v", tok, embd[tok*64], biasEmbed)
+		}
+	}
+	for l := range 2 {
+		for _, name := range []string{"attn_output", "ffn_down"} {
+			w := p.floats(t, fmt.Sprintf("blk.%d.%s.weight", l, name))
+			in := len(w) / 64
+			for i := range in {
+				if w[i] != 0 {
+					t.Fatalf("blk.%d.%s writes dimension 0 (input %d: %v)", l, name, i, w[i])
+				}
+			}
+		}
+	}
+	out := p.floats(t, "output.weight")
+	for tok, want := range map[int]float32{1: -10, 3: -10, 258: -10, 2: bias[kindEOS] / biasNorm, 260: bias[kindAttractor] / biasNorm} {
+		if out[tok*64] != want {
+			t.Errorf("token %d %q: output weight[0] = %v, want %v", tok, toks[tok], out[tok*64], want)
+		}
+	}
+	if toks[260] != "\u2581"+attractor {
+		t.Errorf("token 260 is %q, want the attractor", toks[260])
+	}
+}
