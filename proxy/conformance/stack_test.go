@@ -1,0 +1,135 @@
+package conformance
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// Models created by scripts/real-engine.sh from the same weights.
+const (
+	plainModel    = "tiny-plain"    // seeded sampling; answers end by themselves
+	thinkingModel = "tiny-thinking" // every token arrives as reasoning
+	greedyModel   = "tiny-greedy"   // with "temperature":0 repeats one token until ollama cuts the stream
+)
+
+// engineURL is the real engine's base URL, or the test skips. The skip is
+// loud on purpose: the suite is opt-in, and a silent skip looks like a pass.
+func engineURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("ANVIL_REAL_ENGINE")
+	if u == "" {
+		t.Skip("SKIP real-engine conformance: ANVIL_REAL_ENGINE is not set (run scripts/real-engine.sh test; see docs/real-engine.md)")
+	}
+	return u
+}
+
+// stack is one anvilproxy in front of the engine, wired as serve wires it:
+// a histo.Recorder behind proxy.New, the data listener served by
+// Proxy.Server and the admin endpoints (/requests) on their own listener.
+// Each test gets its own, so records and learned rates never leak between
+// tests. Its fields are fixed after newStack; the servers run until the
+// test's cleanup.
+type stack struct {
+	engine   string // the engine's base URL, for direct requests
+	proxyURL string
+	adminURL string
+	rec      *histo.Recorder
+}
+
+// newStack starts a proxy with serve's defaults (no flags) in front of the
+// engine.
+func newStack(t *testing.T) *stack {
+	t.Helper()
+	st := &stack{engine: engineURL(t)}
+	rec, err := histo.New(histo.Config{}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.rec = rec
+	p, err := proxy.New(proxy.Config{Upstream: st.engine}, nil, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.proxyURL = "http://" + serve(t, func(ln net.Listener) (func(), error) {
+		srv := p.Server()
+		go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+		return func() { _ = srv.Shutdown() }, nil
+	})
+	st.adminURL = "http://" + serve(t, func(ln net.Listener) (func(), error) {
+		hs := &http.Server{Handler: rec.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(ln) //nolint:errcheck // ends at Close
+		return func() { hs.Close() }, nil
+	})
+	return st
+}
+
+// serve listens on a loopback port, starts a server on it and stops it at
+// the test's cleanup.
+func serve(t *testing.T, start func(net.Listener) (func(), error)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := start(ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String()
+}
+
+// record is one /requests record: histo.Request, plus the fields of issue
+// 15 that this branch's histo.Request may not have yet (nil when absent).
+type record struct {
+	histo.Request
+	CacheInferredTokens *int64 `json:"cache_inferred_tokens"`
+}
+
+// records fetches /requests, newest first.
+func (st *stack) records(t *testing.T) []record {
+	t.Helper()
+	resp, err := http.Get(st.adminURL + "/requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Requests []record `json:"requests"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatalf("decoding /requests: %v", err)
+	}
+	return body.Requests
+}
+
+// waitRecords polls /requests until it holds n records (the proxy records
+// a request just after its last byte reaches the client, so the client can
+// be a little ahead) and returns them oldest first.
+func (st *stack) waitRecords(t *testing.T, n int) []record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs := st.records(t)
+		if len(rs) >= n {
+			out := make([]record, len(rs))
+			for i, r := range rs {
+				out[len(rs)-1-i] = r
+			}
+			return out
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for the proxy's records: have %d, want %d", len(rs), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
