@@ -19,7 +19,11 @@ func startSim(t *testing.T, cfg sim.Config) (*sim.Server, string) {
 	t.Helper()
 	s, err := sim.New(cfg)
 	require.NoError(t, err)
-	hs := httptest.NewServer(s)
+	// The sim's own http.Server: it closes idle keep-alive connections
+	// after 5 s, as uvicorn does, so every test meets that.
+	hs := httptest.NewUnstartedServer(s)
+	hs.Config = s.HTTPServer()
+	hs.Start()
 	t.Cleanup(hs.Close)
 	return s, hs.URL
 }

@@ -242,7 +242,10 @@ func startTapSim(t *testing.T, rate float64) (*tapUpstream, string) {
 	s, err := sim.New(sim.Config{Slots: 512, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: rate, TokensPerEvent: 3})
 	require.NoError(t, err)
 	u := &tapUpstream{h: s, sent: map[string]*bytes.Buffer{}}
-	hs := httptest.NewServer(u)
+	hs := httptest.NewUnstartedServer(u)
+	hs.Config = s.HTTPServer() // idle keep-alive close after 5 s, like uvicorn
+	hs.Config.Handler = u
+	hs.Start()
 	t.Cleanup(hs.Close)
 	return u, hs.URL
 }
