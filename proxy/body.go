@@ -142,20 +142,41 @@ func bodyFailure(err error) (int, ErrKind) {
 	return fasthttp.StatusBadRequest, ErrBadRequest
 }
 
-// Lingering close bounds: how long and how much of an unread body is
-// drained after an error response, so that the client reads the response
-// instead of a reset (nginx lingering_close, lingering_time 30 s).
+// Lingering close bounds, nginx's: an unread body is drained after an error
+// response for at most lingerTime in all and lingerIdle between reads, so
+// that the client reads the response instead of a reset. A reset discards
+// what the client has received but not yet read, so closing while it still
+// sends loses the response (nginx lingering_time 30 s, lingering_timeout 5 s).
 const (
-	lingerTime  = 2 * time.Second
-	lingerBytes = 4 << 20
+	lingerTime = 30 * time.Second
+	lingerIdle = 5 * time.Second
 )
 
-// lingerClose ends the connection after the error response fasthttp is
-// about to write while the request body is still unread. Closing with
-// unread bytes in the receive buffer sends a reset, which can destroy the
-// response before the client reads it (RFC 9112 §9.6): so the write side
-// is shut first, and the rest of the body drained for a bounded time and
-// size.
+// linger shuts c's write side and reads until the client closes or the
+// bounds above run out.
+func linger(c net.Conn) {
+	if tc, ok := unwrapTCP(c); ok {
+		_ = tc.CloseWrite()
+	}
+	end := time.Now().Add(lingerTime)
+	var buf [16 << 10]byte
+	for {
+		next := time.Now().Add(lingerIdle)
+		if next.After(end) {
+			next = end
+		}
+		_ = c.SetReadDeadline(next)
+		if _, err := c.Read(buf[:]); err != nil {
+			return
+		}
+	}
+}
+
+// lingerClose ends the connection after the error response while the
+// request body is still unread. Closing with unread bytes in the receive
+// buffer sends a reset, which can destroy the response before the client
+// reads it (RFC 9112 §9.6): so the write side is shut first, and the rest
+// of the body drained (linger).
 func lingerClose(ctx *fasthttp.RequestCtx) {
 	// fasthttp would close at once after writing a Connection: close
 	// response; so the proxy writes it itself, on the hijacked connection.
@@ -164,14 +185,9 @@ func lingerClose(ctx *fasthttp.RequestCtx) {
 	_, _ = ctx.Response.WriteTo(&resp)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
-		if _, err := c.Write(resp.Bytes()); err != nil {
-			return
+		if _, err := c.Write(resp.Bytes()); err == nil {
+			linger(c)
 		}
-		if tc, ok := unwrapTCP(c); ok {
-			_ = tc.CloseWrite()
-		}
-		_ = c.SetReadDeadline(time.Now().Add(lingerTime))
-		_, _ = io.CopyN(io.Discard, c, lingerBytes)
 	})
 }
 

@@ -101,21 +101,11 @@ func (l *guardedListener) refuse(c net.Conn) {
 	go func() {
 		defer l.refusing.Add(-1)
 		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(lingerTime))
+		_ = c.SetWriteDeadline(time.Now().Add(lingerIdle))
 		if _, err := c.Write(refusal); err != nil {
 			return
 		}
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.CloseWrite()
-		}
-		var buf [4 << 10]byte
-		for n := 0; n < lingerBytes; { // lingering close: the client reads the 503, not a reset
-			m, err := c.Read(buf[:])
-			if err != nil {
-				return
-			}
-			n += m
-		}
+		linger(c) // the client reads the 503, not a reset
 	}()
 }
 

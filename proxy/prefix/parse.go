@@ -189,10 +189,20 @@ func (c *canon) list(s *scanner, out []source) ([]source, int) {
 		} else {
 			leading = false
 		}
+		if len(out) == maxSources {
+			c.fail(UntrackedTooLarge)
+			return out, lead
+		}
 		out = append(out, src)
 	}
 	return out, lead
 }
+
+// maxSources bounds the messages of one prompt the tracker follows. Agents
+// send hundreds, a long session a few thousand; a body of a million tiny
+// messages would cost the tracker hundreds of bytes each, and is left
+// untracked (too_large) instead.
+const maxSources = 1 << 16
 
 func roleOf(r []byte) Role {
 	switch string(r) {

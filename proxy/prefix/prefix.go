@@ -117,6 +117,9 @@ type Config struct {
 	// MaxBodyBytes skips larger bodies (Untracked TooLarge); 0 means
 	// DefaultMaxBodyBytes (32 MiB).
 	MaxBodyBytes int
+	// MaxWorkBytes bounds the scratch memory of Observe calls in progress
+	// together; a call waits for its share. 0 means DefaultMaxWorkBytes.
+	MaxWorkBytes int64
 }
 
 // Tracker observes request bodies and keeps the prefix index. It is safe
@@ -128,7 +131,8 @@ type Tracker struct {
 	fields   [][][]byte
 	patterns []*regexp.Regexp
 	masking  bool
-	pool     sync.Pool // *scratch
+	pool     sync.Pool   // *scratch
+	work     *workBudget // bounds the scratch of Observe calls in progress
 
 	mu       sync.Mutex
 	ix       index
@@ -153,7 +157,10 @@ func New(cfg Config) (*Tracker, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	t := &Tracker{cfg: cfg}
+	if cfg.MaxWorkBytes <= 0 {
+		cfg.MaxWorkBytes = DefaultMaxWorkBytes
+	}
+	t := &Tracker{cfg: cfg, work: newWorkBudget(cfg.MaxWorkBytes)}
 	for _, f := range cfg.VolatileFields {
 		var path [][]byte
 		for _, k := range strings.Split(f, ".") {
@@ -190,7 +197,19 @@ func (t *Tracker) Observe(proto Protocol, body []byte, at time.Time) Result {
 		return t.untracked(UntrackedTooLarge)
 	}
 	sc := t.pool.Get().(*scratch)
-	defer t.release(sc)
+	n := len(body) + len(body)/8 // the canonical copy build makes
+	big := n > maxPooled
+	if big {
+		sc.canon.dst = t.work.acquire(n)
+	}
+	defer func() {
+		if big {
+			buf := sc.canon.dst
+			sc.canon.dst = nil
+			t.work.release(n, buf)
+		}
+		t.release(sc)
+	}()
 	sc.proto = proto
 	if reason := t.build(sc, body); reason != TrackedOK {
 		return t.untracked(reason)

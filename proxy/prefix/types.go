@@ -96,7 +96,7 @@ const (
 	TrackedOK             UntrackedReason = iota // the request was tracked
 	UntrackedNotJSON                             // the body is not a JSON object
 	UntrackedUnknownShape                        // valid JSON, but no prompt where the protocol puts it (or an unknown protocol)
-	UntrackedTooLarge                            // the body exceeds Config.MaxBodyBytes
+	UntrackedTooLarge                            // the body exceeds Config.MaxBodyBytes, or holds more than 65,536 messages
 	UntrackedStateful                            // Responses previous_response_id or conversation: the body holds only the new turn
 	NumUntrackedReasons
 )
