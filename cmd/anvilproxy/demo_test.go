@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/histo"
 )
 
 // TestDemo runs "anvilproxy demo" for a few seconds: it prints where things
@@ -55,22 +57,24 @@ func TestDemoFlags(t *testing.T) {
 }
 
 func TestLiveTable(t *testing.T) {
-	nan := math.NaN()
-	s := liveStats{elapsed: 75 * time.Second, requests: 12, failed: 1, inflight: 5, rate: 2.5,
-		p50: [5]float64{812.4, 41.25, nan, 1412, 4.26}, p99: [5]float64{2301, 310.9, nan, 3650, 4.4},
-		cacheHit: 0.873, goodput: nan, amplification: 1.09}
-	slos := sloFlag{}
-	require.NoError(t, slos.Set("ttft=2s"))
-	block := s.block(time.Minute, slos)
+	nan := histo.Float(math.NaN())
+	ph := func(name string, p50, p99 histo.Float) phaseStats { return phaseStats{Name: name, P50: p50, P99: p99} }
+	s := liveStatus{UptimeSec: 75, Requests: 12, Failed: 3, Abandoned: 2, Refused: 1, Retries: 2, Inflight: 5,
+		Recent: recentStats{Seconds: 15, Rate: 2.5, CacheHit: 0.873, Phases: []phaseStats{
+			ph("queue", 812.4, 2301), ph("prefill", 41.25, 310.9), ph("ttfo", nan, nan), ph("ttft", 1412, 3650), ph("tpot", 4.26, 4.4)}},
+		Goodput: nan, Amplification: 1.09, SLOs: "ttft=2s"}
 	require.Equal(t, []string{
-		"  1:15 / 1:00   12 requests, 1 failed   5 in flight   2.5 req/s   retry amplification 1.09x",
+		"  1:15 / 1:00   12 requests, 3 failed (2 abandoned, 1 refused), 2 retries   5 in flight   2.5 req/s",
 		"  last 15s         queue   prefill      ttfo      ttft      tpot",
 		"  p50 ms             812      41.2         -      1412      4.26",
 		"  p99 ms            2301       311         -      3650      4.40",
-		"  cache hit 87.3% of prompt tokens   goodput - (ttft=2s)",
-	}, block)
-	require.Equal(t, "  1:15  12 req (1 failed)  5 in flight | p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40 | cache 87.3%  goodput -  retry 1.09x",
-		s.line())
+		"  cache hit 87.3% of prompt tokens   goodput - since start (ttft=2s)   retry amplification 1.09x",
+	}, s.block("1:15 / 1:00"))
+	require.Equal(t, "  1:15  12 requests, 3 failed (2 abandoned, 1 refused), 2 retries  5 in flight | p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40 | cache 87.3%  goodput -  retry 1.09x",
+		s.line("1:15"))
+	s.Failed, s.Abandoned, s.Refused, s.Recent.Truncated = 0, 0, 0, true
+	require.Contains(t, s.block("x")[0], "12 requests, 0 failed, 2 retries")
+	require.Contains(t, s.block("x")[1], "newest 512")
 	require.Equal(t, 2.0, nearestRank([]float64{3, 1, 2, 4}, 0.5))
 	require.Equal(t, 4.0, nearestRank([]float64{3, 1, 2, 4}, 0.99))
 	require.True(t, math.IsNaN(nearestRank(nil, 0.5)))
