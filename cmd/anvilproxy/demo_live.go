@@ -29,16 +29,19 @@ func (d *demo) live(ctx context.Context, w io.Writer) {
 		}
 		return []string{s.line(c)}
 	}
-	refresh(ctx, w, isTerminal(w), -1, func() (liveStatus, error) { return d.st.status(time.Now()), nil }, render)
+	refresh(ctx, w, isTerminal(w), 0, -1, func() (liveStatus, error) { return d.st.status(time.Now()), nil }, render)
 }
 
-// refresh prints the table from get at once, then every second (a
-// terminal) or every plainEvery (else) until ctx ends, and once more; n > 0
-// stops it after n tables. A failed get prints its error in the table's place.
-func refresh(ctx context.Context, w io.Writer, tty bool, n int, get func() (liveStatus, error), render func(s liveStatus, tty bool) []string) {
-	every := plainEvery
-	if tty {
-		every = ttyEvery
+// refresh prints the table from get at once, then every interval (0: a
+// second on a terminal, plainEvery elsewhere) until ctx ends, and once
+// more; n > 0 stops it after n tables. A failed get prints its error in
+// the table's place.
+func refresh(ctx context.Context, w io.Writer, tty bool, every time.Duration, n int, get func() (liveStatus, error), render func(s liveStatus, tty bool) []string) {
+	if every <= 0 {
+		every = plainEvery
+		if tty {
+			every = ttyEvery
+		}
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -89,7 +89,9 @@ func (st *stack) status(now time.Time) liveStatus {
 	if _, total := st.rec.Goodput(); total.Requests > 0 {
 		s.Goodput = histo.Float(total.Ratio)
 	}
-	s.Recent = recentOf(st.rec.Recent(recentLimit), now, min(liveWindow, now.Sub(st.started)))
+	// The window is the last liveWindow, or the uptime when shorter, but at
+	// least a second: a rate over the first milliseconds means nothing.
+	s.Recent = recentOf(st.rec.Recent(recentLimit), now, max(time.Second, min(liveWindow, now.Sub(st.started))))
 	return s
 }
 

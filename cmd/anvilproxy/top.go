@@ -33,6 +33,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	once := fs.Bool("once", false, "print one table and exit (non-zero when the proxy does not answer)")
 	count := fs.Int("count", 0, "print this many tables, then exit; 0: until Ctrl-C")
 	plain := fs.Bool("plain", false, "one line per refresh, even on a terminal")
+	every := fs.Duration("interval", 0, "time between refreshes (default 1s on a terminal, 5s elsewhere)")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long each fetch of /status may take")
 	if err := parseOnce(fs, args); err != nil {
 		return err
@@ -71,7 +72,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	if tty {
 		fmt.Fprintf(stdout, "anvilproxy top  %s  (Ctrl-C ends it)\n", base)
 	}
-	refresh(ctx, stdout, tty, n, get, topRender)
+	refresh(ctx, stdout, tty, *every, n, get, topRender)
 	return nil
 }
 

@@ -93,7 +93,7 @@ func (h *upstreamHealth) ready() readiness {
 		r.Reason = fmt.Sprintf("no evidence for %s that the upstream answers (probe every %s)", now.Sub(h.lastOK).Round(time.Second), h.every)
 	default:
 		r.Ready = true
-		r.Reason = fmt.Sprintf("upstream reachable %s ago", now.Sub(h.lastOK).Round(time.Millisecond))
+		r.Reason = fmt.Sprintf("upstream reachable %s ago", now.Sub(h.lastOK).Round(100*time.Millisecond))
 	}
 	return r
 }
