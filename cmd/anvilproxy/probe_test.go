@@ -5,12 +5,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
@@ -151,4 +154,34 @@ func TestListenersLogged(t *testing.T) {
 	require.True(t, allInterfaces("0.0.0.0:9464"))
 	require.False(t, allInterfaces("127.0.0.1:9464"))
 	require.Equal(t, "http://localhost:8080", localURL("[::]:8080"))
+}
+
+// TestKubernetesProbesServed: the Deployment's readiness probe follows the
+// upstream and its liveness probe does not, on a running stack.
+func TestKubernetesProbesServed(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(configsDir, "kubernetes", "deployment.yaml"))
+	require.NoError(t, err)
+	var doc map[string]any
+	require.NoError(t, yaml.Unmarshal(raw, &doc))
+	c := doc["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)
+	path := func(probe string) string {
+		g := c[probe].(map[string]any)["httpGet"].(map[string]any)
+		require.Equal(t, "admin", g["port"])
+		return g["path"].(string)
+	}
+	ready, live := path("readinessProbe"), path("livenessProbe")
+	require.Equal(t, "/readyz", ready)
+	require.Equal(t, "/healthz", live)
+
+	up, _ := startStackFor(t, "sim")
+	require.Eventually(t, func() bool { code, _ := get(t, up.adminURL+ready); return code == http.StatusOK }, 10*time.Second, 20*time.Millisecond)
+	code, _ := get(t, up.adminURL+live)
+	require.Equal(t, http.StatusOK, code)
+
+	down, logs := startStackFor(t, "http://"+freeAddr(t))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "upstream unreachable") }, 10*time.Second, 20*time.Millisecond)
+	code, _ = get(t, down.adminURL+ready)
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	code, _ = get(t, down.adminURL+live)
+	require.Equal(t, http.StatusOK, code)
 }
