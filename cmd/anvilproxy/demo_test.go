@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,6 +112,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	for time.Now().Before(deadline) && (time.Since(d.started) < 10*time.Second || len(d.st.rec.Recent(100)) < 15) {
 		time.Sleep(200 * time.Millisecond)
 	}
+	// A probe that is not inference: listed under the waterfall.
+	resp, err := http.Get(d.st.proxyURL + "/v1/models?key=not-shown")
+	require.NoError(t, err)
+	resp.Body.Close()
 	url := d.st.adminURL + "/"
 
 	dom, log := chromium(t, bin, "--dump-dom", url)
@@ -128,6 +133,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, strings.Count(dom, "<svg"), 9)
 	require.GreaterOrEqual(t, strings.Count(element(dom, "waterfall"), "<rect"), 15, "the waterfall has bars")
+	require.Contains(t, element(dom, "others"), "<td class=\"\">/v1/models</td>")
+	require.NotContains(t, dom, "not-shown")
+	require.Regexp(t, `id="summary"[^>]*>[^<]*last \d+s: \d+ requests, \d+ failed[^<]* · since start: \d+ requests`, dom)
+	// One unit per axis: no chart's ticks mix ms, s and m.
+	for _, id := range []string{"chart-queue", "chart-prefill", "chart-ttfo", "chart-ttft", "chart-tpot", "waterfall"} {
+		units := map[string]bool{}
+		for _, m := range tickUnit.FindAllStringSubmatch(element(dom, id), -1) {
+			units[m[1]] = true
+		}
+		require.LessOrEqual(t, len(units), 1, "#%s ticks in %v", id, units)
+	}
 	for _, bad := range []string{"Uncaught", "Content Security Policy", "Content-Security-Policy"} {
 		require.NotContains(t, log, bad)
 	}
@@ -142,6 +158,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Greater(t, info.Size(), int64(20_000), "a screenshot of a drawn page")
 	t.Logf("dashboard screenshot: %s", shot)
 }
+
+// tickUnit is the unit of an axis tick label.
+var tickUnit = regexp.MustCompile(`text-anchor="(?:end|middle)">[0-9.]+(ms|s|m)</text>`)
 
 // chromium runs headless Chromium with no network beyond loopback and
 // returns its stdout and its log (stderr).

@@ -277,7 +277,7 @@ const finalSnapshotTimeout = 10 * time.Second
 func adminMux(st *stack) *http.ServeMux {
 	mux := http.NewServeMux()
 	st.rec.Register(mux)
-	mux.Handle("GET /snapshot", snapshot.Handler(st.rec))
+	mux.Handle("GET /snapshot", st.snaps.Handler())
 	mux.Handle("GET /status", st.statusHandler())
 	mux.Handle("GET /readyz", st.health.readyHandler())
 	dashboard.Register(mux)
