@@ -46,6 +46,10 @@ func TestDemo(t *testing.T) {
 	code, report, errOut := runCmd(append([]string{"report"}, files...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, report, "the demo ends with the report of its snapshots")
+	// The summary and the report count alike, in the same words.
+	sum := regexp.MustCompile(`demo finished after \S+: (\d+) requests, (\d+ failed(?: \([^)]*\))?), (\d+ retr(?:y|ies)); the agents: \d+ turns answered, \d+ given up`).FindStringSubmatch(out)
+	require.NotNil(t, sum, out)
+	require.Regexp(t, `^`+sum[1]+` requests: \d+ completed, `+regexp.QuoteMeta(sum[2])+`, `+sum[3]+`; `, report)
 }
 
 func TestDemoFlags(t *testing.T) {
