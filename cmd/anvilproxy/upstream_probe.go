@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,6 +29,11 @@ type upstreamHealth struct {
 	log      *zap.Logger
 	now      func() time.Time
 
+	// okAt (unix ns of the newest success while reachable; 0 otherwise)
+	// lets ok skip the lock for the traffic's evidence: a busy proxy
+	// proves the upstream reachable thousands of times a second.
+	okAt atomic.Int64
+
 	mu      sync.Mutex
 	lastOK  time.Time
 	lastBad time.Time
@@ -40,8 +46,15 @@ func newUpstreamHealth(upstream string, every time.Duration, log *zap.Logger) *u
 	return &upstreamHealth{upstream: upstream, every: every, log: log, now: time.Now}
 }
 
+// okCoalesce is how close to the newest success another may be and be
+// skipped: far below any probe interval.
+const okCoalesce = 50 * time.Millisecond
+
 // ok records evidence that the upstream answered at t.
 func (h *upstreamHealth) ok(t time.Time) {
+	if at := h.okAt.Load(); at != 0 && t.UnixNano()-at < int64(okCoalesce) {
+		return
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if t.After(h.lastOK) {
@@ -53,6 +66,9 @@ func (h *upstreamHealth) ok(t time.Time) {
 		}
 		h.state, h.since = 1, t
 	}
+	if h.state == 1 {
+		h.okAt.Store(h.lastOK.UnixNano())
+	}
 }
 
 // bad records evidence that the upstream could not be reached at t.
@@ -62,6 +78,7 @@ func (h *upstreamHealth) bad(t time.Time, why string) {
 	if t.After(h.lastBad) {
 		h.lastBad, h.why = t, why
 	}
+	h.okAt.Store(0)
 	if !h.lastOK.After(h.lastBad) && h.state != -1 {
 		h.log.Error("upstream unreachable: requests get 502 and /readyz 503 until it answers",
 			zap.String("upstream", h.upstream), zap.String("error", why))
