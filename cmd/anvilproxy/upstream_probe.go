@@ -168,9 +168,10 @@ func (h *upstreamHealth) dial(ctx context.Context, addr string, timeout time.Dur
 // (0 when none came).
 func (h *upstreamHealth) startProbe(ctx context.Context, upstream string, prefix string, timeout time.Duration, insecure bool) int {
 	url := upstream + "/v1/models"
+	// A Transport of its own: no HTTP_PROXY from the environment (the
+	// proxy dials the engine directly, so must its probe).
 	cl := &http.Client{Timeout: timeout, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{InsecureSkipVerify: insecure}, //nolint:gosec // --insecure-skip-verify
-		Proxy:           nil,
 	}}
 	defer cl.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
