@@ -91,3 +91,8 @@ func TestReportDirectory(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, empty+": a directory with no snapshot files (anvilproxy-*.json)")
 }
+
+func TestUpstreamPasswordRedacted(t *testing.T) {
+	require.Equal(t, "http://user:xxxxx@gpu-box:8000", redacted("http://user:s3cret@gpu-box:8000"))
+	require.Equal(t, "http://gpu-box:8000/v1", redacted("http://gpu-box:8000/v1"))
+}

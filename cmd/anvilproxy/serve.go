@@ -195,7 +195,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 			return nil, err
 		}
 		if endsInV1(prefix) {
-			log.Warn(v1Hint(f.upstream), zap.String("upstream", f.upstream))
+			log.Warn(v1Hint(redacted(f.upstream)), zap.String("upstream", redacted(f.upstream)))
 		}
 	}
 	if f.upstream == embeddedUpstream {
@@ -207,7 +207,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		cfg.Upstream = "http://" + addr
 		log.Warn("no --upstream given: serving the simulated engine", zap.String("sim", cfg.Upstream))
 	}
-	st.upstream = cfg.Upstream
+	st.upstream = redacted(cfg.Upstream)
 	hcfg := f.histo
 	hcfg.SLOs = f.slos
 	hcfg.Inflight = func() int64 { return st.proxy.Inflight() }
@@ -223,8 +223,8 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	st.health = newUpstreamHealth(cfg.Upstream, f.probeEvery, log)
-	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: cfg.Upstream, v1: endsInV1(prefix)}
+	st.health = newUpstreamHealth(redacted(cfg.Upstream), f.probeEvery, log)
+	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(prefix)}
 	if st.proxy, err = proxy.New(cfg, log, st.tap); err != nil {
 		return nil, err
 	}

@@ -45,6 +45,16 @@ func checkUpstream(raw string) (addr, prefix string, err error) {
 	return addr, strings.TrimSuffix(u.EscapedPath(), "/"), nil
 }
 
+// redacted is raw with any password replaced by "xxxxx", for /readyz,
+// /status and the logs: the admin listener may be reachable by others.
+func redacted(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return raw
+	}
+	return u.Redacted()
+}
+
 // endsInV1 reports whether an upstream path prefix ends in /v1: the
 // OpenAI base URL of an engine, where anvilproxy wants the engine's root.
 func endsInV1(prefix string) bool { return strings.HasSuffix(prefix, "/v1") }

@@ -187,10 +187,10 @@ func (h *upstreamHealth) startProbe(ctx context.Context, upstream string, prefix
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	resp.Body.Close()
 	h.ok(h.now())
-	fields := []zap.Field{zap.String("upstream", upstream), zap.String("probe", "GET "+prefix+"/v1/models"), zap.Int("status", resp.StatusCode)}
+	fields := []zap.Field{zap.String("upstream", h.upstream), zap.String("probe", "GET "+prefix+"/v1/models"), zap.Int("status", resp.StatusCode)}
 	switch {
 	case resp.StatusCode == http.StatusNotFound && endsInV1(prefix):
-		h.log.Warn("upstream answered 404 to the probe: "+v1Hint(upstream), fields...)
+		h.log.Warn("upstream answered 404 to the probe: "+v1Hint(h.upstream), fields...)
 	case resp.StatusCode == http.StatusNotFound:
 		h.log.Warn("upstream reachable, but it answered 404 to GET /v1/models: is it an OpenAI-compatible engine, and is the path prefix right?", fields...)
 	default:
