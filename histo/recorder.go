@@ -196,13 +196,14 @@ func inference(rt proxy.Route) bool {
 	return false
 }
 
-// Record takes one finished request: counters for every route; for
-// inference routes the queue/prefill split, the Prometheus and HDR
-// histograms, goodput, the window's record and the prefill model. It keeps
-// no reference to tr.
+// Record takes one finished request: counters and a /requests record for
+// every route; for inference routes the queue/prefill split, the
+// Prometheus and HDR histograms, goodput, the window's record and the
+// prefill model. It keeps no reference to tr.
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !inference(tr.Route) {
+		r.recordOther(tr)
 		return
 	}
 	r.retry.observe(tr)

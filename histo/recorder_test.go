@@ -96,13 +96,16 @@ func TestReasoningOnlyAndNonStream(t *testing.T) {
 	require.Equal(t, Span(ms2d(2300)), rq.E2E)
 }
 
-func TestNonInferenceRoutesOnlyCounted(t *testing.T) {
+func TestNonInferenceRoutesOnlyCountedAndListed(t *testing.T) {
 	r, reg, _ := newTest(t, Config{})
 	tr := chat()
 	tr.Route = proxy.RouteModels
 	r.Record(&tr)
-	require.Empty(t, r.Recent(10))
-	require.Zero(t, r.Current().Hist[MetricE2E].TotalCount())
+	recent := r.Recent(10)
+	require.Len(t, recent, 1) // listed in /requests (requests_other.go) ...
+	require.Equal(t, -1, recent[0].Index)
+	require.Zero(t, r.Current().Hist[MetricE2E].TotalCount()) // ... but in no window
+	require.Empty(t, r.Current().Requests)
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP anvilproxy_requests_total Requests finished, by route, model and status code sent to the client (0: none sent).
 # TYPE anvilproxy_requests_total counter

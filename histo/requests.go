@@ -115,7 +115,8 @@ type Stamps struct {
 	ClientDone   Span `json:"client_done"`
 }
 
-// Request is the record of one finished inference request: the per-request
+// Request is the record of one finished request (of any route: see
+// requests_other.go for those that are not inference): the per-request
 // fields of the v1 schema's request_timings plus the proxy's own. It holds
 // values only and never any prompt or completion content. JSON names follow
 // the v1 schema where it has the field.
@@ -126,6 +127,7 @@ type Request struct {
 	Route           string    `json:"route"`
 	Model           string    `json:"model"`
 	Method          string    `json:"method"`
+	Path            string    `json:"path"`   // without the query string, bounded (proxy.Trace.Path)
 	Status          int       `json:"status"` // 0: no status was sent
 	Stream          bool      `json:"stream"`
 	Failed          bool      `json:"failed"`
@@ -173,6 +175,11 @@ type Request struct {
 	// per request.
 	PrefixReuse  Float `json:"prefix_reuse"`
 	RetryAttempt Count `json:"retry_attempt"`
+
+	// Conversation and Turn place the request in its conversation
+	// (requests_other.go); null when it was not tracked.
+	Conversation ConvID `json:"conversation"`
+	Turn         Count  `json:"turn"`
 }
 
 // newRequest fills rq from tr and its split. Index and Good are set under
@@ -184,6 +191,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		Route:           tr.Route.String(),
 		Model:           tr.Model,
 		Method:          tr.Method,
+		Path:            tr.Path,
 		Status:          tr.Status,
 		Stream:          tr.Stream,
 		Failed:          tr.Failed(),
@@ -208,6 +216,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		PrefixReuse:     prefixReuse(&tr.Prefix),
 		RetryAttempt:    Count(tr.Retry.Attempt), // Record takes inference routes only: always known
 	}
+	rq.Conversation, rq.Turn = conversationOf(&tr.Prefix)
 	if tr.ErrKind != proxy.ErrNone {
 		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()
 	}

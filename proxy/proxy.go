@@ -255,6 +255,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	tr.ID = p.nextID.Add(1)
 	tr.Recv = ctx.Time()
 	tr.Route = routeOf(ctx.URI().PathOriginal())
+	tr.Path = pathOf(ctx.URI().PathOriginal())
 	tr.Method = methodOf(ctx.Method())
 	p.inflight.Add(1)
 	r.counted = true

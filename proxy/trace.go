@@ -65,6 +65,7 @@ type Trace struct {
 	ID        uint64
 	Route     Route
 	Method    string // from a fixed set ("GET", "POST", …, "OTHER"); never a client string
+	Path      string // the request path without its query string, bounded and escaped (path.go)
 	Model     string // bounded label: an allowed or learned model name, "other" or ""
 	Stream    bool   // the response was text/event-stream
 	Status    int    // status sent to the client; 0 if none was sent

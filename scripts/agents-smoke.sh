@@ -173,7 +173,7 @@ check() {
 			const ms = v => v === null ? "null" : Math.round(v);
 			console.log(`   proxy recorded ${all.length} request(s): ${rs.length} on route ${route}, ${timed.length} of them with time_to_first_output_ms, ${all.filter(r => r.failed).length} failed`);
 			for (const r of all) {
-				console.log(`   - ${r.method} ${r.route} model=${r.model || "-"} status=${r.status} stream=${r.stream} failed=${r.failed}` +
+				console.log(`   - ${r.method} ${r.path || "-"} ${r.route} model=${r.model || "-"} status=${r.status} stream=${r.stream} failed=${r.failed}` +
 					(r.error_kind ? ` error=${r.error_side}/${r.error_kind}` : "") +
 					` ttfo_ms=${ms(r.time_to_first_output_ms)} ttft_ms=${ms(r.ttft_ms)} e2e_ms=${ms(r.e2e_ms)}` +
 					` prompt=${r.prompt_tokens} cached=${r.cached_tokens} output=${r.output_tokens}(${r.output_token_source || "-"})`);

@@ -204,8 +204,9 @@ func (d *demo) finish(stdout, stderr io.Writer) error {
 	if err := d.st.close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\ndemo finished after %s: %d agent turns, %d streams abandoned and re-sent, %d answered 429 and retried, %d ended unfinished and re-sent, %d failed\n",
-		time.Since(d.started).Round(100*time.Millisecond), d.w.turns.Load(), d.w.abandoned.Load(), d.w.rejected.Load(), d.w.truncated.Load(), d.w.failed.Load())
+	s := d.st.status(time.Now()) // after the drain: the counts of the report below
+	fmt.Fprintf(stdout, "\ndemo finished after %s: %s; the agents: %d turns answered, %d ended unfinished and re-sent, %d given up\n",
+		time.Since(d.started).Round(100*time.Millisecond), s.countsText(), d.w.turns.Load(), d.w.truncated.Load(), d.w.failed.Load())
 	files, err := snapshotFiles(d.dir)
 	if err != nil {
 		return err

@@ -6,115 +6,74 @@ import (
 	"io"
 	"math"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
 )
 
-// liveWindow is the span of recent requests the live table's percentiles
-// and cache hit rate cover.
-const liveWindow = 15 * time.Second
-
 // The live table refreshes in place every second on a terminal; elsewhere
-// (a pipe, a CI log) it appends one line every few seconds.
+// (a pipe, a CI log) it appends one line every few seconds. The demo and
+// "anvilproxy top" print the same table from a liveStatus (status.go).
 const (
 	ttyEvery   = time.Second
 	plainEvery = 5 * time.Second
 )
 
-var livePhases = [...]string{"queue", "prefill", "ttfo", "ttft", "tpot"}
-
-// liveStats is one refresh of the live table.
-type liveStats struct {
-	elapsed           time.Duration
-	requests, failed  int64 // inference requests since the start
-	inflight          int64
-	rate              float64 // requests finished per second over liveWindow
-	p50, p99          [len(livePhases)]float64
-	cacheHit, goodput float64 // NaN when unknown
-	amplification     float64 // 0 without traffic
-}
-
-// stats reads the in-process Recorder: counts since the start, and
-// percentiles over the requests that finished in the last liveWindow.
-func (d *demo) stats() liveStats {
-	now := time.Now()
-	_, total := d.st.rec.Goodput()
-	s := liveStats{
-		elapsed: now.Sub(d.started), requests: total.Requests, failed: total.Failed,
-		inflight: d.st.proxy.Inflight(), goodput: float64(total.Ratio),
-		amplification: d.st.proxy.Retries().Stats().Amplification,
-	}
-	var vals [len(livePhases)][]float64
-	var cached, prompt int64
-	n := 0
-	for _, rq := range d.st.rec.Recent(512) {
-		if rq.Failed || !rq.E2E.Known() || now.Sub(rq.Start.Add(time.Duration(rq.E2E))) > liveWindow {
-			continue
-		}
-		n++
-		for i, sp := range [...]histo.Span{rq.Queue, rq.Prefill, rq.TTFO, rq.TTFT, rq.TPOT} {
-			if sp.Known() {
-				vals[i] = append(vals[i], sp.Millis())
-			}
-		}
-		if rq.PromptTokens > 0 && rq.CachedTokens >= 0 {
-			cached += int64(rq.CachedTokens)
-			prompt += int64(rq.PromptTokens)
-		}
-	}
-	s.rate = float64(n) / min(liveWindow, s.elapsed).Seconds()
-	for i, v := range vals {
-		s.p50[i], s.p99[i] = nearestRank(v, 0.5), nearestRank(v, 0.99)
-	}
-	s.cacheHit = math.NaN()
-	if prompt > 0 {
-		s.cacheHit = float64(cached) / float64(prompt)
-	}
-	return s
-}
-
-// nearestRank is the q quantile of v by nearest rank, as the v1 schema;
-// NaN without values. It sorts v.
-func nearestRank(v []float64, q float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(v)
-	return v[max(0, int(math.Ceil(q*float64(len(v))))-1)]
-}
-
-// live prints the table until ctx ends, then once more.
+// live prints the demo's table until ctx ends, then once more.
 func (d *demo) live(ctx context.Context, w io.Writer) {
-	tty := isTerminal(w)
-	every := plainEvery
-	if tty {
-		every = ttyEvery
+	render := func(s liveStatus, tty bool) []string {
+		c := clock(time.Duration(s.UptimeSec*float64(time.Second))) + " / " + clock(d.f.duration)
+		if tty {
+			return s.block(c)
+		}
+		return []string{s.line(c)}
+	}
+	refresh(ctx, w, isTerminal(w), 0, -1, func() (liveStatus, error) { return d.st.status(time.Now()), nil }, render)
+}
+
+// refresh prints the table from get at once, then every interval (0: a
+// second on a terminal, plainEvery elsewhere) until ctx ends, and once
+// more; n > 0 stops it after n tables. A failed get prints its error in
+// the table's place.
+func refresh(ctx context.Context, w io.Writer, tty bool, every time.Duration, n int, get func() (liveStatus, error), render func(s liveStatus, tty bool) []string) {
+	if every <= 0 {
+		every = plainEvery
+		if tty {
+			every = ttyEvery
+		}
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	lines := 0
-	for {
-		select {
-		case <-ctx.Done():
-		case <-t.C:
+	for printed := 0; ; {
+		if printed > 0 {
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
 		}
-		s := d.stats()
-		if tty {
-			block := s.block(d.f.duration, d.f.slos)
-			if lines > 0 {
-				fmt.Fprintf(w, "\x1b[%dA", lines) // back to the top of the previous block
-			}
-			for _, l := range block {
-				fmt.Fprintf(w, "\x1b[2K%s\n", l)
-			}
-			lines = len(block)
+		var block []string
+		if s, err := get(); err != nil {
+			block = []string{"  " + err.Error()}
 		} else {
-			fmt.Fprintln(w, s.line())
+			block = render(s, tty)
 		}
-		if ctx.Err() != nil {
+		if tty && lines > 0 {
+			fmt.Fprintf(w, "\x1b[%dA", lines) // back to the top of the previous block
+			for i := len(block); i < lines; i++ {
+				block = append(block, "") // a shorter block clears the rest
+			}
+		}
+		for _, l := range block {
+			if tty {
+				l = "\x1b[2K" + l
+			}
+			fmt.Fprintln(w, l)
+		}
+		lines = len(block)
+		printed++
+		if ctx.Err() != nil || printed == n {
 			return
 		}
 	}
@@ -131,34 +90,77 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// block is the table for a terminal: the same number of lines every time.
-func (s liveStats) block(total time.Duration, slos sloFlag) []string {
-	head := fmt.Sprintf("  %s / %s   %d requests, %d failed   %d in flight   %.1f req/s   retry amplification %s",
-		clock(s.elapsed), clock(total), s.requests, s.failed, s.inflight, s.rate, ampl(s.amplification))
-	cols := fmt.Sprintf("  %-12s", fmt.Sprintf("last %ds", int(liveWindow.Seconds())))
-	p50, p99 := fmt.Sprintf("  %-12s", "p50 ms"), fmt.Sprintf("  %-12s", "p99 ms")
-	for i, name := range livePhases {
-		cols += fmt.Sprintf("%10s", name)
-		p50 += fmt.Sprintf("%10s", msText(s.p50[i]))
-		p99 += fmt.Sprintf("%10s", msText(s.p99[i]))
+// countsText is the header's counts, in the words of histo/failures.go.
+func (s liveStatus) countsText() string {
+	var parts []string
+	for _, p := range []struct {
+		n    int64
+		name string
+	}{{s.Abandoned, histo.FailureAbandoned}, {s.Refused, histo.FailureRefused}, {s.Errors, "errors"}} {
+		if p.n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.name))
+		}
 	}
-	foot := fmt.Sprintf("  cache hit %s of prompt tokens   goodput %s (%s)", pctText(s.cacheHit), pctText(s.goodput), slos.String())
+	failed := fmt.Sprintf("%d failed", s.Failed)
+	if len(parts) > 0 {
+		failed += " (" + strings.Join(parts, ", ") + ")"
+	}
+	return fmt.Sprintf("%s, %s, %s", plural(s.Requests, "request"), failed, plural(s.Retries, "retry"))
+}
+
+// plural is "1 retry", "2 retries", "0 requests".
+func plural(n int64, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	if strings.HasSuffix(word, "y") {
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(word, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
+// block is the table for a terminal: the same number of lines every time.
+func (s liveStatus) block(clockText string) []string {
+	head := fmt.Sprintf("  %s   %s   %d in flight   %s req/s", clockText, s.countsText(), s.Inflight, rateText(s.Recent.Rate))
+	window := fmt.Sprintf("last %ds", int(math.Round(s.Recent.Seconds)))
+	if s.Recent.Truncated {
+		window = fmt.Sprintf("newest %d", recentLimit)
+	}
+	cols := fmt.Sprintf("  %-12s", window)
+	p50, p99 := fmt.Sprintf("  %-12s", "p50 ms"), fmt.Sprintf("  %-12s", "p99 ms")
+	for _, ph := range s.Recent.Phases {
+		cols += fmt.Sprintf("%10s", ph.Name)
+		p50 += fmt.Sprintf("%10s", msText(float64(ph.P50)))
+		p99 += fmt.Sprintf("%10s", msText(float64(ph.P99)))
+	}
+	foot := fmt.Sprintf("  cache hit %s of prompt tokens   goodput %s since start (%s)   retry amplification %s",
+		pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), sloText(s.SLOs), ampl(float64(s.Amplification)))
 	return []string{head, cols, p50, p99, foot}
 }
 
 // line is the table as one appended line, for logs.
-func (s liveStats) line() string {
+func (s liveStatus) line(clockText string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "  %s  %d req (%d failed)  %d in flight | p50/p99 ms", clock(s.elapsed), s.requests, s.failed, s.inflight)
-	for i, name := range livePhases {
-		fmt.Fprintf(&b, "  %s %s/%s", name, msText(s.p50[i]), msText(s.p99[i]))
+	fmt.Fprintf(&b, "  %s  %s  %d in flight | p50/p99 ms", clockText, s.countsText(), s.Inflight)
+	for _, ph := range s.Recent.Phases {
+		fmt.Fprintf(&b, "  %s %s/%s", ph.Name, msText(float64(ph.P50)), msText(float64(ph.P99)))
 	}
-	fmt.Fprintf(&b, " | cache %s  goodput %s  retry %s", pctText(s.cacheHit), pctText(s.goodput), ampl(s.amplification))
+	fmt.Fprintf(&b, " | cache %s  goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
 	return b.String()
+}
+
+func sloText(slos string) string {
+	if slos == "" {
+		return "no SLO: requests that did not fail"
+	}
+	return slos
 }
 
 func clock(d time.Duration) string {
 	sec := int(d.Round(time.Second).Seconds())
+	if sec >= 3600 {
+		return fmt.Sprintf("%d:%02d:%02d", sec/3600, sec/60%60, sec%60)
+	}
 	return fmt.Sprintf("%d:%02d", sec/60, sec%60)
 }
 
@@ -174,6 +176,13 @@ func msText(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
+func rateText(v histo.Float) string {
+	if !v.Known() {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(v))
+}
+
 func pctText(v float64) string {
 	if math.IsNaN(v) {
 		return "-"
@@ -182,7 +191,7 @@ func pctText(v float64) string {
 }
 
 func ampl(v float64) string {
-	if v == 0 {
+	if v == 0 || math.IsNaN(v) {
 		return "-"
 	}
 	return fmt.Sprintf("%.2fx", v)

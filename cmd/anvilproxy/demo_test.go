@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
@@ -49,6 +50,10 @@ func TestDemo(t *testing.T) {
 	code, report, errOut := runCmd(append([]string{"report"}, files...)...)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, report, "the demo ends with the report of its snapshots")
+	// The summary and the report count alike, in the same words.
+	sum := regexp.MustCompile(`demo finished after \S+: (\d+) requests, (\d+ failed(?: \([^)]*\))?), (\d+ retr(?:y|ies)); the agents: \d+ turns answered, \d+ ended unfinished and re-sent, \d+ given up`).FindStringSubmatch(out)
+	require.NotNil(t, sum, out)
+	require.Regexp(t, `^`+sum[1]+` requests: \d+ completed, `+regexp.QuoteMeta(sum[2])+`, `+sum[3]+`; `, report)
 }
 
 func TestDemoFlags(t *testing.T) {
@@ -61,22 +66,24 @@ func TestDemoFlags(t *testing.T) {
 }
 
 func TestLiveTable(t *testing.T) {
-	nan := math.NaN()
-	s := liveStats{elapsed: 75 * time.Second, requests: 12, failed: 1, inflight: 5, rate: 2.5,
-		p50: [5]float64{812.4, 41.25, nan, 1412, 4.26}, p99: [5]float64{2301, 310.9, nan, 3650, 4.4},
-		cacheHit: 0.873, goodput: nan, amplification: 1.09}
-	slos := sloFlag{}
-	require.NoError(t, slos.Set("ttft=2s"))
-	block := s.block(time.Minute, slos)
+	nan := histo.Float(math.NaN())
+	ph := func(name string, p50, p99 histo.Float) phaseStats { return phaseStats{Name: name, P50: p50, P99: p99} }
+	s := liveStatus{UptimeSec: 75, Requests: 12, Failed: 3, Abandoned: 2, Refused: 1, Retries: 2, Inflight: 5,
+		Recent: recentStats{Seconds: 15, Rate: 2.5, CacheHit: 0.873, Phases: []phaseStats{
+			ph("queue", 812.4, 2301), ph("prefill", 41.25, 310.9), ph("ttfo", nan, nan), ph("ttft", 1412, 3650), ph("tpot", 4.26, 4.4)}},
+		Goodput: nan, Amplification: 1.09, SLOs: "ttft=2s"}
 	require.Equal(t, []string{
-		"  1:15 / 1:00   12 requests, 1 failed   5 in flight   2.5 req/s   retry amplification 1.09x",
+		"  1:15 / 1:00   12 requests, 3 failed (2 abandoned, 1 refused), 2 retries   5 in flight   2.5 req/s",
 		"  last 15s         queue   prefill      ttfo      ttft      tpot",
 		"  p50 ms             812      41.2         -      1412      4.26",
 		"  p99 ms            2301       311         -      3650      4.40",
-		"  cache hit 87.3% of prompt tokens   goodput - (ttft=2s)",
-	}, block)
-	require.Equal(t, "  1:15  12 req (1 failed)  5 in flight | p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40 | cache 87.3%  goodput -  retry 1.09x",
-		s.line())
+		"  cache hit 87.3% of prompt tokens   goodput - since start (ttft=2s)   retry amplification 1.09x",
+	}, s.block("1:15 / 1:00"))
+	require.Equal(t, "  1:15  12 requests, 3 failed (2 abandoned, 1 refused), 2 retries  5 in flight | p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40 | cache 87.3%  goodput -  retry 1.09x",
+		s.line("1:15"))
+	s.Failed, s.Abandoned, s.Refused, s.Recent.Truncated = 0, 0, 0, true
+	require.Contains(t, s.block("x")[0], "12 requests, 0 failed, 2 retries")
+	require.Contains(t, s.block("x")[1], "newest 512")
 	require.Equal(t, 2.0, nearestRank([]float64{3, 1, 2, 4}, 0.5))
 	require.Equal(t, 4.0, nearestRank([]float64{3, 1, 2, 4}, 0.99))
 	require.True(t, math.IsNaN(nearestRank(nil, 0.5)))
@@ -113,6 +120,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	for time.Now().Before(deadline) && (time.Since(d.started) < 10*time.Second || len(d.st.rec.Recent(100)) < 15) {
 		time.Sleep(200 * time.Millisecond)
 	}
+	// A probe that is not inference: listed under the waterfall.
+	resp, err := http.Get(d.st.proxyURL + "/v1/models?key=not-shown")
+	require.NoError(t, err)
+	resp.Body.Close()
 	url := d.st.adminURL + "/"
 
 	dom, log := chromium(t, bin, "--dump-dom", url)
@@ -130,6 +141,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, strings.Count(dom, "<svg"), 9)
 	require.GreaterOrEqual(t, strings.Count(element(dom, "waterfall"), "<rect"), 15, "the waterfall has bars")
+	require.Contains(t, element(dom, "others"), "<td class=\"\">/v1/models</td>")
+	require.NotContains(t, dom, "not-shown")
+	require.Regexp(t, `id="summary"[^>]*>[^<]*last \d+s: \d+ requests, \d+ failed[^<]* · since start: \d+ requests`, dom)
+	// One unit per axis: no chart's ticks mix ms, s and m.
+	for _, id := range []string{"chart-queue", "chart-prefill", "chart-ttfo", "chart-ttft", "chart-tpot", "waterfall"} {
+		units := map[string]bool{}
+		for _, m := range tickUnit.FindAllStringSubmatch(element(dom, id), -1) {
+			units[m[1]] = true
+		}
+		require.LessOrEqual(t, len(units), 1, "#%s ticks in %v", id, units)
+	}
 	for _, bad := range []string{"Uncaught", "Content Security Policy", "Content-Security-Policy"} {
 		require.NotContains(t, log, bad)
 	}
@@ -144,6 +166,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	require.Greater(t, info.Size(), int64(20_000), "a screenshot of a drawn page")
 	t.Logf("dashboard screenshot: %s", shot)
 }
+
+// tickUnit is the unit of an axis tick label.
+var tickUnit = regexp.MustCompile(`text-anchor="(?:end|middle)">[0-9.]+(ms|s|m)</text>`)
 
 // chromium runs headless Chromium with no network beyond loopback and
 // returns its stdout and its log (stderr).

@@ -1,6 +1,6 @@
 // Command anvilproxy is a transparent measuring reverse proxy for LLM
-// inference servers. Subcommands: serve (the default), sim, demo, report and
-// bench.
+// inference servers. Subcommands: serve (the default), top, sim, demo,
+// report and bench.
 //
 // Flags are parsed here and only here; the packages take plain Config structs.
 package main
@@ -21,9 +21,10 @@ const usage = `anvilproxy — a transparent measuring reverse proxy for LLM infe
 
 Usage:
   anvilproxy [serve] [flags]   run the proxy (the default subcommand)
-  anvilproxy sim [flags]       run the simulated inference server
+  anvilproxy top [ADMIN-URL]   a live table of a running proxy, in the terminal (default http://127.0.0.1:9464)
   anvilproxy demo [flags]      sim + proxy + simulated coding agents, with a live table and dashboard
-  anvilproxy report FILE...    merge v1 snapshots and print where the time goes
+  anvilproxy report FILE|DIR...  merge v1 snapshots and print where the time goes
+  anvilproxy sim [flags]       run the simulated inference server
   anvilproxy bench [--quick]   measure the proxy's overhead against direct, nginx, Caddy, HAProxy
   anvilproxy help              show this help
 
@@ -39,6 +40,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		cmd, args = args[0], args[1:]
+	} else if len(args) > 0 && isHelp(args[0]) {
+		cmd = "help" // "anvilproxy --help": every command, then serve's flags
 	}
 	var err error
 	switch cmd {
@@ -52,11 +55,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runReport(args, stdout, stderr)
 	case "bench":
 		err = runBench(args, stdout, stderr)
+	case "top":
+		err = runTop(args, stdout, stderr)
 	case "help":
-		fmt.Fprint(stdout, usage)
+		printHelp(stdout)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "anvilproxy: unknown command %q\n\n%s", cmd, usage)
+		fmt.Fprintf(stderr, "anvilproxy: unknown command %q\n%s", cmd, seeHelp(""))
 		return 2
 	}
 	switch {
@@ -71,22 +76,73 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 1
 }
 
-// errUsage reports bad flags; the flag package has already printed why.
+// printHelp writes the commands, then the flags of serve, the default.
+func printHelp(w io.Writer) {
+	fmt.Fprint(w, usage)
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(w)
+	var f serveFlags
+	f.register(fs)
+	fmt.Fprint(w, "\nFlags of serve (the default command):\n")
+	fs.PrintDefaults()
+}
+
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help":
+		return true
+	}
+	return false
+}
+
+// seeHelp is the one line printed after a usage error, instead of every
+// flag: a typo should not scroll the reason off the screen.
+func seeHelp(cmd string) string {
+	if cmd == "" {
+		return "Run \"anvilproxy help\" for the commands.\n"
+	}
+	return fmt.Sprintf("Run \"anvilproxy %s --help\" for its flags.\n", cmd)
+}
+
+// errUsage reports bad flags or arguments; why has already been printed.
 var errUsage = errors.New("usage")
 
-// parseFlags parses args into fs, mapping errors to errUsage or flag.ErrHelp.
+// parseFlags parses args into fs, mapping errors to errUsage or
+// flag.ErrHelp. --help prints fs.Usage (or every flag when it has none); a
+// bad flag prints the flag package's one-line reason and seeHelp.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	if err := parseOnce(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n%s", fs.Args(), seeHelp(fs.Name()))
 		return errUsage
 	}
 	return nil
+}
+
+// parseOnce is fs.Parse with parseFlags' output: the full usage for
+// --help, one line for a mistake.
+func parseOnce(fs *flag.FlagSet, args []string) error {
+	help := fs.Usage
+	if help == nil {
+		help = func() {
+			fmt.Fprintf(fs.Output(), "Usage: anvilproxy %s [flags]\n\nFlags:\n", fs.Name())
+			fs.PrintDefaults()
+		}
+	}
+	fs.Usage = func() {} // the flag package calls it on errors too
+	defer func() { fs.Usage = help }()
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		help()
+		return err
+	}
+	fmt.Fprint(fs.Output(), seeHelp(fs.Name()))
+	return errUsage
 }
 
 // newLogger returns a JSON logger on w at the given level.

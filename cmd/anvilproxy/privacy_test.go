@@ -215,8 +215,14 @@ func TestNoSecretsOrContentAnywhere(t *testing.T) {
 
 	sinks := map[string]string{}
 	for name, srv := range map[string]*proc{"proxy": s, "unreachable": unreachable} {
-		for _, path := range []string{"/metrics", "/requests", "/snapshot", "/", "/healthz"} {
+		for _, path := range []string{"/metrics", "/requests", "/snapshot", "/status", "/", "/healthz"} {
 			sinks[name+" admin "+path] = fetch(t, srv.adminURL+path)
+		}
+		// 404 before a window ended, 503 with the engine down: the bodies
+		// are checked whatever the status.
+		for _, path := range []string{"/snapshot?window=last", "/readyz"} {
+			_, body := get(t, srv.adminURL+path)
+			sinks[name+" admin "+path] = body
 		}
 		srv.signal(t)
 		require.Equal(t, 0, srv.wait(t, 10*time.Second))

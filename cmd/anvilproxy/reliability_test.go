@@ -141,15 +141,15 @@ func startProcWith(t *testing.T, command func(string, ...string) *exec.Cmd, snap
 	})
 	require.Eventually(t, func() bool {
 		for _, line := range strings.Split(s.stderr.String(), "\n") {
-			var l struct{ Msg, Listen, Metrics string }
+			var l struct{ Msg, Listen, Listener, Addr string }
 			if json.Unmarshal([]byte(line), &l) != nil {
 				continue
 			}
-			switch l.Msg {
-			case "anvilproxy serving":
+			switch {
+			case l.Msg == "anvilproxy serving":
 				s.proxyURL = "http://" + l.Listen
-			case "admin listening":
-				s.adminURL = strings.TrimSuffix(l.Metrics, "/metrics")
+			case l.Msg == "listening" && l.Listener == "admin":
+				s.adminURL = "http://" + l.Addr
 			}
 		}
 		return s.proxyURL != "" && s.adminURL != ""

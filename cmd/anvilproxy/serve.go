@@ -36,6 +36,7 @@ type serveFlags struct {
 	listen        string
 	adminListen   string
 	upstream      string
+	probeEvery    time.Duration
 	logLevel      string
 	shutdownGrace time.Duration
 	models        string
@@ -84,14 +85,15 @@ func (f *sloFlag) Set(v string) error {
 func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "file of flag=value lines, one flag per line, # comments (configs/anvilproxy.example.conf lists every flag); flags on the command line override it")
 	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
-	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: the dashboard at /, /metrics, /snapshot, /requests, /healthz (separate from --listen so no upstream path is shadowed); empty disables it")
+	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: the dashboard at /, /metrics, /snapshot, /requests, /status, /healthz, /readyz (separate from --listen so no upstream path is shadowed); empty disables it")
 	fs.DurationVar(&f.snapshot.Interval, "snapshot-interval", snapshot.DefaultInterval, "length of a measurement window (rolling goodput; one snapshot file per window with --snapshot-dir)")
 	fs.StringVar(&f.snapshot.Dir, "snapshot-dir", "", "directory for one anvil-serving.benchmark/v1 snapshot file per window, written atomically (one proxy per directory); empty writes none")
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
 	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
 	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 4, "the upstream engine's concurrent sequences; requests admitted below it teach the prefill-rate model")
-	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server base URL, http(s)://host:port[/prefix]; "sim" starts the simulated engine in-process on a loopback port`)
+	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server root URL, http(s)://host:port[/prefix], without the /v1 of its OpenAI base URL (the client's /v1/... path is appended); "sim" starts the simulated engine in-process on a loopback port`)
+	fs.DurationVar(&f.probeEvery, "upstream-probe-interval", defaultProbeEvery, "how often a TCP connect checks that the upstream is reachable, for /readyz (ready while the newest evidence, probe or traffic, is a success and younger than 3 intervals); 0 judges by traffic alone")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error (one info line per request)")
 	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight streams may take to finish; a second signal exits at once")
 	fs.StringVar(&f.models, "models", "", "comma-separated model names allowed as metric labels; others are labelled \"other\" (default: learn the first --max-models names seen)")
@@ -143,8 +145,9 @@ func runServe(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	logListeners(log, st)
 	log.Info("anvilproxy serving", zap.String("listen", st.ln.Addr().String()), zap.String("upstream", st.upstream),
-		zap.String("admin", f.adminListen), zap.String("snapshot_dir", f.snapshot.Dir))
+		zap.String("admin", st.adminAddr), zap.String("snapshot_dir", f.snapshot.Dir))
 	err = serveUntilSignal(st.proxy, st.ln, f.shutdownGrace, log)
 	// The proxy has drained: the last window is whole.
 	if cerr := st.close(); cerr != nil {
@@ -163,9 +166,14 @@ type stack struct {
 	reg      *prometheus.Registry
 	rec      *histo.Recorder
 	snaps    *snapshot.Writer
-	upstream string // the upstream in use: the embedded engine's URL with --upstream sim
+	tap      *tap            // between the proxy and rec: outcomes, reachability, hints
+	health   *upstreamHealth // /readyz
+	upstream string          // the upstream in use: the embedded engine's URL with --upstream sim
+	started  time.Time
+	slos     string // --slo, in flag form
 
 	proxyURL, adminURL string // http://host:port; adminURL is "" without an admin listener
+	adminAddr          string // the admin listener's bound address; "" without one
 
 	stops []func() // run in reverse order by close
 }
@@ -173,7 +181,7 @@ type stack struct {
 // startStack builds the stack that f describes. On error, whatever it
 // started is stopped again.
 func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
-	st := &stack{}
+	st := &stack{started: time.Now(), slos: f.slos.String()}
 	defer func() {
 		if err != nil {
 			st.stop()
@@ -184,6 +192,15 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	if f.models != "" {
 		cfg.Models = strings.Split(f.models, ",")
 	}
+	if f.upstream != embeddedUpstream {
+		_, prefix, err := checkUpstream(f.upstream)
+		if err != nil {
+			return nil, err
+		}
+		if endsInV1(prefix) {
+			log.Warn(v1Hint(redacted(f.upstream)), zap.String("upstream", redacted(f.upstream)))
+		}
+	}
 	if f.upstream == embeddedUpstream {
 		addr, stop, err := startEmbeddedSim(f.sim)
 		if err != nil {
@@ -193,7 +210,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		cfg.Upstream = "http://" + addr
 		log.Warn("no --upstream given: serving the simulated engine", zap.String("sim", cfg.Upstream))
 	}
-	st.upstream = cfg.Upstream
+	st.upstream = redacted(cfg.Upstream)
 	if cfg.MaxClientConns == 0 {
 		cfg.MaxClientConns = raiseFileLimit(log)
 	}
@@ -208,10 +225,17 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}
 	st.rec.SelfCheck().Start()
 	st.stops = append(st.stops, st.rec.SelfCheck().Stop)
-	if st.proxy, err = proxy.New(cfg, log, st.rec); err != nil {
+	addr, prefix, err := checkUpstream(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	st.health = newUpstreamHealth(redacted(cfg.Upstream), f.probeEvery, log)
+	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(prefix)}
+	if st.proxy, err = proxy.New(cfg, log, st.tap); err != nil {
 		return nil, err
 	}
 	registerProxyStats(st.reg, st.proxy.Stats())
+	st.startProbes(addr, prefix, cfg)
 	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
 		return nil, err
 	}
@@ -221,12 +245,12 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	st.stops = append(st.stops, func() { st.ln.Close() })
 	st.proxyURL = "http://" + st.ln.Addr().String()
 	if f.adminListen != "" {
-		addr, stop, err := startAdmin(f.adminListen, st.rec, log)
+		addr, stop, err := startAdmin(f.adminListen, adminMux(st), log)
 		if err != nil {
 			return nil, err
 		}
 		st.stops = append(st.stops, stop)
-		st.adminURL = "http://" + addr
+		st.adminAddr, st.adminURL = addr, "http://"+addr
 	}
 	st.snaps.Start()
 	return st, nil
@@ -255,31 +279,31 @@ func (st *stack) stop() {
 // so that a hung disk cannot hold the process.
 const finalSnapshotTimeout = 10 * time.Second
 
-// adminMux routes the admin endpoints: the Recorder's, /snapshot, and the
-// dashboard at /.
-func adminMux(rec *histo.Recorder) *http.ServeMux {
+// adminMux routes the admin endpoints: the Recorder's (/metrics,
+// /requests, /healthz), /snapshot, /status, /readyz and the dashboard at /.
+func adminMux(st *stack) *http.ServeMux {
 	mux := http.NewServeMux()
-	rec.Register(mux)
-	mux.Handle("GET /snapshot", snapshot.Handler(rec))
+	st.rec.Register(mux)
+	mux.Handle("GET /snapshot", st.snaps.Handler())
+	mux.Handle("GET /status", st.statusHandler())
+	mux.Handle("GET /readyz", st.health.readyHandler())
 	dashboard.Register(mux)
 	return mux
 }
 
 // startAdmin serves the admin endpoints on their own listener and returns
 // the address it listens on.
-func startAdmin(addr string, rec *histo.Recorder, log *zap.Logger) (bound string, stop func(), err error) {
+func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", nil, fmt.Errorf("admin listener: %w", err)
 	}
-	hs := &http.Server{Handler: adminMux(rec), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin listener stopped", zap.Error(err))
 		}
 	}()
-	log.Info("admin listening", zap.String("metrics", "http://"+ln.Addr().String()+"/metrics"),
-		zap.String("dashboard", "http://"+ln.Addr().String()+"/"))
 	return ln.Addr().String(), func() { hs.Close() }, nil
 }
 
@@ -335,6 +359,33 @@ func abortInflight(p *proxy.Proxy, log *zap.Logger) {
 	}
 	log.Warn("shutdown grace expired: requests still in flight were cut", zap.Int64("cut", n), zap.Int64("unfinished", p.Inflight()))
 }
+
+// defaultProbeEvery is --upstream-probe-interval's default.
+const defaultProbeEvery = 5 * time.Second
+
+// startProbes checks the upstream once over HTTP (in the background, so
+// that a slow upstream does not hold the start) and then, with a probe
+// interval, by TCP connect until the stack stops.
+func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	timeout := cfg.DialTimeout
+	if timeout <= 0 {
+		timeout = proxy.DefaultDialTimeout
+	}
+	go func() {
+		defer close(done)
+		st.health.startProbe(ctx, cfg.Upstream, prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
+		if st.health.every > 0 {
+			st.health.probeLoop(ctx, addr, timeout)
+		}
+	}()
+	st.stops = append(st.stops, func() { cancel(); <-done })
+}
+
+// startProbeWait is how long the start probe waits for an answer once
+// connected.
+const startProbeWait = 5 * time.Second
 
 // startEmbeddedSim starts the simulated engine on a loopback port.
 func startEmbeddedSim(cfg sim.Config) (addr string, stop func(), err error) {

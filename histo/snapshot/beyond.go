@@ -2,6 +2,8 @@ package snapshot
 
 import (
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -152,13 +154,68 @@ func writeQuality(b *strings.Builder, q *histo.QualitySection) {
 	}
 	switch q.Verdict {
 	case histo.VerdictNoisy:
-		fmt.Fprintf(b, "measurement  noisy: %s (%s)\n", strings.Join(q.Reasons, "; "), detail)
+		fmt.Fprintf(b, "measurement  noisy: %s (%s)\n", strings.Join(groupReasons(q.Reasons), "; "), detail)
 	case histo.VerdictGood:
 		fmt.Fprintf(b, "measurement  good (%s)\n", detail)
 	default:
 		fmt.Fprintf(b, "measurement  unknown: %s\n", strings.Join(q.Reasons, "; "))
 	}
 }
+
+// groupReasons merges the reasons of several windows that differ only in
+// their figure ("cpu pressure 70.2% > 10%", "cpu pressure 57.1% > 10%")
+// into one with the peak and the number of windows: "cpu pressure up to
+// 70.2% > 10% (2 windows)". A merged section keeps each distinct reason
+// once, up to a cap, so the count is of windows with distinct figures.
+func groupReasons(reasons []string) []string {
+	type group struct {
+		head, tail string
+		peak       float64
+		peakText   string
+		n          int
+	}
+	var order []string
+	groups := map[string]*group{}
+	for _, r := range reasons {
+		loc := reasonFigure.FindStringIndex(r)
+		if loc == nil {
+			if groups[r] == nil {
+				order = append(order, r)
+				groups[r] = &group{head: r, n: 1}
+			}
+			continue
+		}
+		head, fig, tail := r[:loc[0]], r[loc[0]:loc[1]], r[loc[1]:]
+		v, _ := strconv.ParseFloat(fig, 64)
+		key := head + "\x00" + tail
+		g := groups[key]
+		if g == nil {
+			g = &group{head: head, tail: tail, peak: v, peakText: fig}
+			groups[key] = g
+			order = append(order, key)
+		}
+		g.n++
+		if v > g.peak {
+			g.peak, g.peakText = v, fig
+		}
+	}
+	out := make([]string, 0, len(order))
+	for _, k := range order {
+		g := groups[k]
+		switch {
+		case g.peakText == "":
+			out = append(out, g.head)
+		case g.n == 1:
+			out = append(out, g.head+g.peakText+g.tail)
+		default:
+			out = append(out, fmt.Sprintf("%sup to %s%s (%d windows)", g.head, g.peakText, g.tail, g.n))
+		}
+	}
+	return out
+}
+
+// reasonFigure is the first figure of a reason.
+var reasonFigure = regexp.MustCompile(`\b[0-9]+(\.[0-9]+)?(e[-+]?[0-9]+)?`)
 
 // duration formats milliseconds as a rounded duration, "-" when unknown.
 func duration(ms histo.Float) string {

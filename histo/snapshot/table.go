@@ -19,9 +19,8 @@ func WriteTable(w io.Writer, doc *Document) error {
 		return fmt.Errorf("snapshot: the document has no anvilproxy object; merge it first")
 	}
 	var b strings.Builder
-	span := time.Duration(doc.FinishedAtUnixNs - doc.StartedAtUnixNs)
-	fmt.Fprintf(&b, "%d requests: %d completed, %d failed; %d window(s), %s to %s (%s)\n",
-		doc.Requests, doc.Completed, doc.Failed, ext.Windows, doc.StartedAt, doc.FinishedAt, span.Round(100*time.Millisecond))
+	fmt.Fprintf(&b, "%d requests: %d completed, %s%s; %s\n",
+		doc.Requests, doc.Completed, failedText(doc), retriesText(ext), spanText(doc, ext))
 	model := "-"
 	if doc.Model != nil {
 		model = *doc.Model
@@ -46,8 +45,7 @@ func WriteTable(w io.Writer, doc *Document) error {
 	add(&rates, "effective prefill", metricStats(doc, "effective_prefill_tok_s", false))
 	writeTables(&b, lat, rates)
 
-	hit := metricNum(doc.Metrics["prefix_cache_hit_avg"])
-	fmt.Fprintf(&b, "cache hit   %s of prompt tokens (mean over %d requests)\n", percent(hit), ext.PrefixCacheHitSamples)
+	fmt.Fprintf(&b, "cache hit   %s\n", cacheHitText(doc, ext))
 	thr := metricNum(doc.Metrics["throughput_tok_s"])
 	fmt.Fprintf(&b, "throughput  %s tok/s output\n", num(thr))
 	g := ext.Goodput

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,6 +94,9 @@ type Writer struct {
 	// write writes b to f; a test replaces it to fail like a full disk.
 	write func(f *os.File, b []byte) error
 
+	// last is the newest ended window, for /snapshot?window=last (last.go).
+	last atomic.Pointer[queued]
+
 	// Owned by the writing goroutine.
 	lastLog    time.Time
 	suppressed int
@@ -157,7 +161,7 @@ func (w *Writer) Close(ctx context.Context) error {
 	w.once.Do(func() {
 		close(w.stop)
 		<-w.rotated
-		w.enqueue(ctx, w.src.Rotate())
+		w.enqueue(ctx, w.keep(w.src.Rotate()))
 		close(w.queue)
 		select {
 		case <-w.finished:
@@ -176,7 +180,7 @@ func (w *Writer) rotate() {
 	for {
 		select {
 		case <-t.C:
-			w.offer(w.src.Rotate())
+			w.offer(w.keep(w.src.Rotate()))
 		case <-w.stop:
 			return
 		}

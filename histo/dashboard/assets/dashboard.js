@@ -1,9 +1,11 @@
-// anvilproxy dashboard. It polls two endpoints of the listener that served
-// it, by relative URL: requests (the recent per-request timings; every 1.5 s)
-// and snapshot (the current window as an anvil-serving.benchmark/v1
-// document; every 4 s), and draws everything as inline SVG. Percentiles are
-// nearest rank, as in the v1 schema. No content is ever shown: the
-// endpoints carry none.
+// anvilproxy dashboard. It polls three endpoints of the listener that
+// served it, by relative URL: requests (the recent per-request timings;
+// every 1.5 s), snapshot (the current window as an anvil-serving.benchmark/v1
+// document, or the last complete one while the current has no request yet;
+// every 4 s) and status (the counts since start; every 4 s), and draws
+// everything as inline SVG. Percentiles are nearest rank, as in the v1
+// schema. No content is ever shown: the endpoints carry none. Run without a
+// document (node), it only exports its pure helpers, for the tests.
 "use strict";
 (() => {
   const REQUESTS_EVERY = 1500;
@@ -16,6 +18,8 @@
 
   const seen = new Map(); // request id → record, oldest first
   let snap = null;
+  let snapIsLast = false; // snap is the last complete window: the current one has no request yet
+  let status = null;
   let skew = 0; // server clock − browser clock, ms
   let lastOK = 0;
   let lastError = "";
@@ -51,6 +55,48 @@
     if (a < 120e3) return (ms / 1e3).toFixed(1) + "s";
     return (ms / 60e3).toFixed(1) + "m";
   }
+  // axisFormat returns a formatter for the ticks of an axis up to maxMs:
+  // one unit for the whole axis (ms, s or min, from its largest tick) and
+  // the fewest decimals that tell its ticks apart, so that an axis never
+  // reads "50.0s, 100.0s, 2.5m".
+  function axisFormat(maxMs, stepMs) {
+    const [div, unit] = maxMs >= 600e3 ? [60e3, "m"] : maxMs >= 1e3 ? [1e3, "s"] : [1, "ms"];
+    const step = (stepMs || maxMs) / div;
+    let dec = 0;
+    while (dec < 3 && Math.abs(step * 10 ** dec - Math.round(step * 10 ** dec)) > 1e-6) dec++;
+    return (ms) => (ms === 0 ? "0" : (ms / div).toFixed(dec) + unit);
+  }
+
+  // failureClass is histo.FailureClass (histo/failures.go): how a failed
+  // request failed, in the words of the live table and the report.
+  function failureClass(r) {
+    if (r.error_kind === "client_gone") return "abandoned";
+    if (r.status === 429 || r.status === 503) return "refused";
+    return "errors";
+  }
+  const INFERENCE = new Set(["chat", "completions", "responses", "messages"]);
+  const isInference = (r) => INFERENCE.has(r.route);
+
+  // countsText is "168 requests, 16 failed (11 abandoned, 5 refused)" over
+  // the inference records given.
+  function countsText(recs) {
+    const n = { abandoned: 0, refused: 0, errors: 0 };
+    let failed = 0;
+    for (const r of recs) if (r.failed) { failed++; n[failureClass(r)]++; }
+    const parts = Object.entries(n).filter(([, v]) => v > 0).map(([k, v]) => `${v} ${k}`);
+    return `${recs.length} request${recs.length === 1 ? "" : "s"}, ${failed} failed` + (parts.length ? ` (${parts.join(", ")})` : "");
+  }
+
+  // driftRows is the drift events in time order, the newest `max`.
+  function driftRows(events, max) {
+    return events.slice().sort((a, b) => Date.parse(a.at) - Date.parse(b.at)).slice(-max);
+  }
+
+  if (typeof document === "undefined") {
+    globalThis.anvilDashboard = { axisFormat, failureClass, countsText, driftRows, fmtMs };
+    return;
+  }
+
   const pct = (f) => (known(f) ? (100 * f).toFixed(f >= 0.995 || f < 0.1 ? 1 : 0) + "%" : "–");
   function fmtTok(n) {
     if (!known(n)) return "–";
@@ -124,10 +170,11 @@
     const top = niceCeil(max * 1.05);
     const X = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
     const Y = (y) => T + (1 - y / top) * (H - T - B);
+    const tick = axisFormat(top, top / 2);
     let b = "";
     for (const f of [0, 0.5, 1]) {
       b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f * top)}" y2="${Y(f * top)}"/>`;
-      b += `<text x="${L - 4}" y="${Y(f * top) + 3}" text-anchor="end">${fmtMs(f * top)}</text>`;
+      b += `<text x="${L - 4}" y="${Y(f * top) + 3}" text-anchor="end">${tick(f * top)}</text>`;
     }
     b += `<text x="${L}" y="${H - 3}">${spanText(x1 - x0)}</text><text x="${W - R}" y="${H - 3}" text-anchor="end">now</text>`;
     for (const s of series) {
@@ -160,7 +207,7 @@
     const n = Math.ceil((t - start) / BUCKET_MS);
     const buckets = PHASES.map(() => Array.from({ length: n }, () => []));
     for (const r of records(start)) {
-      if (r.failed) continue;
+      if (r.failed || !isInference(r)) continue;
       const k = Math.floor((r._fin - start) / BUCKET_MS);
       if (k < 0 || k >= n) continue;
       PHASES.forEach(([, key], i) => { if (known(r[key])) buckets[i][k].push(r[key]); });
@@ -231,7 +278,8 @@
 
   function renderWaterfall() {
     const el = $("waterfall");
-    const recs = [...seen.values()].sort((a, b) => a._t0 - b._t0).slice(-WATERFALL_ROWS);
+    renderOthers();
+    const recs = [...seen.values()].filter(isInference).sort((a, b) => a._t0 - b._t0).slice(-WATERFALL_ROWS);
     if (recs.length === 0) {
       el.innerHTML = empty("no requests yet");
       $("where").innerHTML = "";
@@ -245,9 +293,10 @@
     const H = T + recs.length * (ROW + GAP) + B;
     let b = "";
     const step = niceCeil(span / 8);
+    const tick = axisFormat(Math.floor(span / step) * step, step);
     for (let v = 0; v <= span; v += step) {
       b += `<line class="grid" x1="${X(v)}" x2="${X(v)}" y1="${T}" y2="${H - B}"/>`;
-      b += `<text x="${X(v)}" y="${H - 4}" text-anchor="middle">${fmtMs(v)}</text>`;
+      b += `<text x="${X(v)}" y="${H - 4}" text-anchor="middle">${tick(v)}</text>`;
     }
     const totals = {};
     recs.forEach((r, i) => {
@@ -308,7 +357,7 @@
     const g = snap && snap.anvilproxy && snap.anvilproxy.goodput;
     if (!g) { el.innerHTML = empty("waiting for the first snapshot"); note.textContent = ""; return; }
     const curves = g.slos || [];
-    const total = `${pct(g.ratio)} good: ${g.good} of ${g.requests} requests in this window`;
+    const total = `${pct(g.ratio)} good: ${g.good} of ${g.requests} requests in ${windowName()}`;
     if (curves.length === 0) {
       el.innerHTML = `<div class="big">${pct(g.ratio)}</div>`;
       note.textContent = "no --slo configured: goodput is the share of requests that did not fail. " + total;
@@ -340,7 +389,7 @@
   function renderCache() {
     const el = $("cache"), note = $("cache-note");
     const [x0, t] = timeRange();
-    const recs = records(x0).filter((r) => !r.failed && r.prompt_tokens > 0);
+    const recs = records(x0).filter((r) => isInference(r) && !r.failed && r.prompt_tokens > 0);
     if (recs.length === 0) { el.innerHTML = empty("no requests yet"); note.textContent = ""; return; }
     const W = width(el, 400), H = 130, L = 34, R = 8, T = 6, B = 16;
     const X = (x) => L + ((x - x0) / (t - x0)) * (W - L - R);
@@ -348,23 +397,29 @@
     let b = "";
     for (const f of [0, 0.5, 1]) b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f)}" y2="${Y(f)}"/><text x="${L - 4}" y="${Y(f) + 3}" text-anchor="end">${f * 100}%</text>`;
     b += `<text x="${L}" y="${H - 3}">${spanText(t - x0)}</text><text x="${W - R}" y="${H - 3}" text-anchor="end">now</text>`;
-    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0;
+    // The proxy's squares first, the engine's dots over them: where both
+    // agree (the usual case) the dot stays visible inside its square.
+    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0, dots = "";
     for (const r of recs) {
       if (known(r.cached_tokens)) {
         cached += r.cached_tokens;
         prompt += r.prompt_tokens;
-        b += `<circle class="dot-cache" cx="${X(r._fin).toFixed(1)}" cy="${Y(r.cached_tokens / r.prompt_tokens).toFixed(1)}" r="2.4"/>`;
+        dots += `<circle class="dot-cache" cx="${X(r._fin).toFixed(1)}" cy="${Y(r.cached_tokens / r.prompt_tokens).toFixed(1)}" r="2.4"/>`;
       }
       if (known(r.prefix_reuse)) {
         reuseN++;
         reuseSum += r.prefix_reuse;
-        b += `<rect class="dot-reuse" x="${(X(r._fin) - 2.5).toFixed(1)}" y="${(Y(r.prefix_reuse) - 2.5).toFixed(1)}" width="5" height="5"/>`;
+        b += `<rect class="dot-reuse" x="${(X(r._fin) - 3.5).toFixed(1)}" y="${(Y(r.prefix_reuse) - 3.5).toFixed(1)}" width="7" height="7"/>`;
       }
     }
+    b += dots;
     el.innerHTML = svg(W, H, b, "prefix cache hit per request over time");
     const reuse = reuseN ? `proxy-side prefix reuse ${pct(reuseSum / reuseN)} mean over ${reuseN} (squares)` : "prefix reuse n/a (the proxy reports none)";
-    note.textContent = `engine cache hit ${prompt ? pct(cached / prompt) : "–"} of ${fmtTok(prompt)} prompt tokens, ${spanText(t - x0).slice(1)} (dots) · ${reuse}`;
+    note.textContent = `engine cache hit ${prompt ? pct(cached / prompt) : "–"} of ${fmtTok(prompt)} prompt tokens (token-weighted), ${spanText(t - x0).slice(1)} (dots) · ${reuse}`;
   }
+
+  // windowName names the window the snapshot panels show.
+  const windowName = () => (snapIsLast ? "the last complete window (this one has no request yet)" : "this window");
 
   function kv(pairs) {
     return `<div class="kv">${pairs.map(([k, v]) => `<span>${esc(k)} <b>${esc(v)}</b></span>`).join("")}</div>`;
@@ -393,7 +448,7 @@
     const el = $("retry");
     if (!snap) { el.innerHTML = empty("waiting for the first snapshot"); return; }
     const rs = snap.anvilproxy && snap.anvilproxy.retry;
-    if (!rs) { el.innerHTML = empty("no retry data in this window"); return; }
+    if (!rs) { el.innerHTML = empty("no retry data in " + windowName()); return; }
     const gap = rs.backoff_gap_ms || {};
     let h = `<div class="big">${known(rs.amplification) ? rs.amplification.toFixed(2) + "×" : "–"}</div>`;
     h += kv([["attempts", rs.attempts], ["logical", rs.logical_requests], ["retries", rs.retries],
@@ -449,9 +504,9 @@
         { name: "offset", num: true, get: (e) => (known(e.offset) ? e.offset + (e.offset_exact === false ? "~" : "") : "–") },
         { name: "class", get: (e) => e.class },
         { name: "lost bytes", num: true, get: (e) => fmtTok(e.lost_bytes) },
-      ], events.slice(-8).reverse());
+      ], driftRows(events, 8));
     } else if (Array.isArray(events)) {
-      h += `<div class="empty">no drift in this window</div>`;
+      h += `<div class="empty">no drift in ${windowName()}</div>`;
     }
     if (Object.keys(rest).length) h += generic(rest, 1);
     el.innerHTML = h;
@@ -491,9 +546,33 @@
     st.className = "status " + (lastError ? "error" : fresh ? "live" : "stale");
     st.textContent = lastError ? "error" : fresh ? "live" : "stale";
     st.title = lastError || "updated " + new Date(lastOK).toLocaleTimeString();
-    if (!snap) return;
-    const started = new Date(Date.parse(snap.started_at)).toLocaleTimeString();
-    $("summary").textContent = `${snap.model || "no model yet"} · window since ${started}: ${snap.requests} requests, ${snap.failed} failed · ${seen.size} recent kept`;
+    // The last minutes of traffic, from the records: right after a window
+    // ends, the window itself says "0 requests".
+    const [x0, t] = timeRange();
+    const recent = records(x0).filter(isInference);
+    let text = `last ${spanText(t - x0).slice(1)}: ${countsText(recent)}`;
+    if (status) {
+      text += ` · since start: ${status.requests} requests, ${status.failed} failed, ${status.retries} retries · ${status.inflight} in flight`;
+      if (status.upstream && !status.upstream.ready) text += ` · UPSTREAM NOT READY: ${status.upstream.reason}`;
+    }
+    const model = snap && snap.model;
+    $("summary").textContent = (model ? model + " · " : "") + text;
+  }
+
+  // renderOthers lists the newest requests that are not inference (an
+  // agent's probe of /v1/models, a path the engine answered 404): method,
+  // path and status, as /requests has them.
+  function renderOthers() {
+    const el = $("others");
+    const recs = [...seen.values()].filter((r) => !isInference(r)).sort((a, b) => a._t0 - b._t0).slice(-5);
+    if (recs.length === 0) { el.innerHTML = ""; return; }
+    el.innerHTML = `<h2><small>other requests (not inference), newest last</small></h2>` + table([
+      { name: "at", get: (r) => new Date(r._t0).toLocaleTimeString() },
+      { name: "method", get: (r) => r.method },
+      { name: "path", get: (r) => r.path || "–" },
+      { name: "route", get: (r) => r.route },
+      { name: "status", num: true, get: (r) => r.status },
+    ], recs);
   }
 
   function render() {
@@ -529,5 +608,16 @@
   renderLegend();
   window.addEventListener("resize", render);
   poll(async () => ingest((await getJSON("requests?limit=512")).requests || []), REQUESTS_EVERY);
-  poll(async () => { snap = await getJSON("snapshot"); }, SNAPSHOT_EVERY);
+  poll(async () => {
+    const cur = await getJSON("snapshot");
+    snap = cur;
+    snapIsLast = false;
+    if (cur.requests === 0) {
+      try {
+        const last = await getJSON("snapshot?window=last");
+        if (last.requests > 0) { snap = last; snapIsLast = true; }
+      } catch (e) { /* no window has ended yet */ }
+    }
+    try { status = await getJSON("status"); } catch (e) { status = null; }
+  }, SNAPSHOT_EVERY);
 })();

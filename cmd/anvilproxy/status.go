@@ -1,0 +1,172 @@
+package main
+
+import (
+	"encoding/json"
+	"math"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+)
+
+// liveStatus is the figures of the live table, as the demo prints them and
+// "anvilproxy top" fetches them from a running proxy's /status: counts
+// since start in the words of histo/failures.go, and percentiles over the
+// requests that finished in the last liveWindow. It holds numbers and
+// addresses only.
+type liveStatus struct {
+	Started   time.Time `json:"started"`
+	UptimeSec float64   `json:"uptime_s"`
+
+	Requests  int64 `json:"requests"` // inference requests (attempts) since start
+	Completed int64 `json:"completed"`
+	Failed    int64 `json:"failed"`
+	Abandoned int64 `json:"abandoned"` // of Failed: the client went away first
+	Refused   int64 `json:"refused"`   // of Failed: answered 429 or 503
+	Errors    int64 `json:"errors"`    // of Failed: the rest
+	Retries   int64 `json:"retries"`   // requests that repeated an earlier one
+	Inflight  int64 `json:"inflight"`
+
+	Amplification histo.Float `json:"retry_amplification"` // null without traffic
+	Goodput       histo.Float `json:"goodput"`             // since start; null without requests
+	SLOs          string      `json:"slos"`
+
+	Recent recentStats `json:"last"`
+
+	Upstream  readiness `json:"upstream"`
+	Listeners listeners `json:"listeners"`
+}
+
+// recentStats covers the inference requests that finished in the last
+// Seconds (at most the newest 512: Truncated says the window held more).
+type recentStats struct {
+	Seconds   float64      `json:"seconds"`
+	Requests  int          `json:"requests"` // completed ones: the percentiles' population
+	Truncated bool         `json:"truncated"`
+	Rate      histo.Float  `json:"rate"` // completed requests per second
+	Phases    []phaseStats `json:"phases"`
+	CacheHit  histo.Float  `json:"cache_hit"` // cached / prompt tokens, token-weighted; null when no engine reported
+}
+
+type phaseStats struct {
+	Name string      `json:"name"`
+	P50  histo.Float `json:"p50_ms"`
+	P99  histo.Float `json:"p99_ms"`
+}
+
+// listeners says where the proxy listens and what each listener exposes.
+type listeners struct {
+	Proxy string `json:"proxy"`
+	Admin string `json:"admin"`
+}
+
+// liveWindow is the span of recent requests the live table's percentiles
+// and cache hit rate cover.
+const liveWindow = 15 * time.Second
+
+// recentLimit is how many of the newest records the live table reads.
+const recentLimit = 512
+
+var livePhases = [...]string{"queue", "prefill", "ttfo", "ttft", "tpot"}
+
+// status reads the stack's figures now. Safe for concurrent use.
+func (st *stack) status(now time.Time) liveStatus {
+	o := &st.tap.outcomes
+	s := liveStatus{
+		Started: st.started.UTC(), UptimeSec: now.Sub(st.started).Seconds(),
+		Requests: o.requests.Load(), Failed: o.failed.Load(), Abandoned: o.abandoned.Load(),
+		Refused: o.refused.Load(), Errors: o.errors.Load(), Retries: o.retries.Load(),
+		Inflight: st.proxy.Inflight(), SLOs: st.slos,
+		Amplification: histo.Float(math.NaN()), Goodput: histo.Float(math.NaN()),
+		Upstream:  st.health.ready(),
+		Listeners: listeners{Proxy: st.proxyURL, Admin: st.adminURL},
+	}
+	s.Completed = s.Requests - s.Failed
+	if a := st.proxy.Retries().Stats().Amplification; a > 0 {
+		s.Amplification = histo.Float(a)
+	}
+	if _, total := st.rec.Goodput(); total.Requests > 0 {
+		s.Goodput = histo.Float(total.Ratio)
+	}
+	// The window is the last liveWindow, or the uptime when shorter, but at
+	// least a second: a rate over the first milliseconds means nothing.
+	s.Recent = recentOf(st.rec.Recent(recentLimit), now, max(time.Second, min(liveWindow, now.Sub(st.started))))
+	return s
+}
+
+// recentOf computes the window's figures from the newest records.
+func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentStats {
+	r := recentStats{Seconds: span.Seconds(), Truncated: len(recs) == recentLimit}
+	var vals [len(livePhases)][]float64
+	var cached, prompt int64
+	for _, rq := range recs {
+		end := rq.Start
+		if rq.E2E.Known() {
+			end = end.Add(time.Duration(rq.E2E))
+		}
+		if now.Sub(end) > liveWindow {
+			r.Truncated = false // the ring reaches back beyond the window
+			continue
+		}
+		if !inferenceRoute(rq.Route) || rq.Failed || !rq.E2E.Known() {
+			continue
+		}
+		r.Requests++
+		for i, sp := range [...]histo.Span{rq.Queue, rq.Prefill, rq.TTFO, rq.TTFT, rq.TPOT} {
+			if sp.Known() {
+				vals[i] = append(vals[i], sp.Millis())
+			}
+		}
+		if rq.PromptTokens > 0 && rq.CachedTokens >= 0 {
+			cached += int64(rq.CachedTokens)
+			prompt += int64(rq.PromptTokens)
+		}
+	}
+	r.Rate = histo.Float(math.NaN())
+	if span > 0 {
+		r.Rate = histo.Float(float64(r.Requests) / span.Seconds())
+	}
+	for i, v := range vals {
+		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i], P50: histo.Float(nearestRank(v, 0.5)), P99: histo.Float(nearestRank(v, 0.99))})
+	}
+	r.CacheHit = histo.Float(math.NaN())
+	if prompt > 0 {
+		r.CacheHit = histo.Float(float64(cached) / float64(prompt))
+	}
+	return r
+}
+
+// inferenceRoute reports whether a /requests record is of an inference
+// route; the others (models, other, …) have no phases.
+func inferenceRoute(route string) bool {
+	switch route {
+	case "chat", "completions", "responses", "messages":
+		return true
+	}
+	return false
+}
+
+// nearestRank is the q quantile of v by nearest rank, as the v1 schema;
+// NaN without values. It sorts v.
+func nearestRank(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(v)
+	return v[max(0, int(math.Ceil(q*float64(len(v))))-1)]
+}
+
+// statusHandler serves the stack's liveStatus as JSON.
+func (st *stack) statusHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		body, err := json.Marshal(st.status(time.Now()))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_, _ = w.Write(append(body, '\n'))
+	})
+}
