@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/anvilproxy/anvilproxy/histo"
-	"github.com/anvilproxy/anvilproxy/histo/dashboard"
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
@@ -35,6 +33,7 @@ type serveFlags struct {
 	config        string
 	listen        string
 	adminListen   string
+	adminToken    string
 	upstream      string
 	probeEvery    time.Duration
 	logLevel      string
@@ -86,6 +85,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "file of flag=value lines, one flag per line, # comments (configs/anvilproxy.example.conf lists every flag); flags on the command line override it")
 	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
 	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: the dashboard at /, /metrics, /snapshot, /requests, /status, /healthz, /readyz (separate from --listen so no upstream path is shadowed); empty disables it")
+	fs.StringVar(&f.adminToken, "admin-token", "", "when set, /requests, /snapshot and /status answer only requests with \"Authorization: Bearer TOKEN\" (open the dashboard as /#token=TOKEN); /metrics, /healthz and /readyz stay open for scrapers and probes")
 	fs.DurationVar(&f.snapshot.Interval, "snapshot-interval", snapshot.DefaultInterval, "length of a measurement window (rolling goodput; one snapshot file per window with --snapshot-dir)")
 	fs.StringVar(&f.snapshot.Dir, "snapshot-dir", "", "directory for one anvil-serving.benchmark/v1 snapshot file per window, written atomically (one proxy per directory); empty writes none")
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
@@ -245,7 +245,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	st.stops = append(st.stops, func() { st.ln.Close() })
 	st.proxyURL = "http://" + st.ln.Addr().String()
 	if f.adminListen != "" {
-		addr, stop, err := startAdmin(f.adminListen, adminMux(st), log)
+		addr, stop, err := startAdmin(f.adminListen, adminMux(st, f.adminToken), log)
 		if err != nil {
 			return nil, err
 		}
@@ -278,34 +278,6 @@ func (st *stack) stop() {
 // finalSnapshotTimeout bounds the wait for the final snapshot at shutdown,
 // so that a hung disk cannot hold the process.
 const finalSnapshotTimeout = 10 * time.Second
-
-// adminMux routes the admin endpoints: the Recorder's (/metrics,
-// /requests, /healthz), /snapshot, /status, /readyz and the dashboard at /.
-func adminMux(st *stack) *http.ServeMux {
-	mux := http.NewServeMux()
-	st.rec.Register(mux)
-	mux.Handle("GET /snapshot", st.snaps.Handler())
-	mux.Handle("GET /status", st.statusHandler())
-	mux.Handle("GET /readyz", st.health.readyHandler())
-	dashboard.Register(mux)
-	return mux
-}
-
-// startAdmin serves the admin endpoints on their own listener and returns
-// the address it listens on.
-func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, stop func(), err error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return "", nil, fmt.Errorf("admin listener: %w", err)
-	}
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("admin listener stopped", zap.Error(err))
-		}
-	}()
-	return ln.Addr().String(), func() { hs.Close() }, nil
-}
 
 // serveUntilSignal serves until SIGTERM or SIGINT, then drains in-flight
 // requests for up to grace; a second signal exits at once.

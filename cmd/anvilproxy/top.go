@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -35,6 +36,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 	plain := fs.Bool("plain", false, "one line per refresh, even on a terminal")
 	every := fs.Duration("interval", 0, "time between refreshes (default 1s on a terminal, 5s elsewhere)")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long each fetch of /status may take")
+	token := fs.String("admin-token", os.Getenv("ANVIL_ADMIN_TOKEN"), "the proxy's --admin-token, if it has one (default $ANVIL_ADMIN_TOKEN)")
 	if err := parseOnce(fs, args); err != nil {
 		return err
 	}
@@ -55,7 +57,7 @@ func runTop(args []string, stdout, stderr io.Writer) error {
 		n = 1
 	}
 	client := &http.Client{Timeout: *timeout}
-	get := func() (liveStatus, error) { return fetchStatus(client, base) }
+	get := func() (liveStatus, error) { return fetchStatus(client, base, *token) }
 	if n == 1 { // one table: an unreachable proxy is an error, not a line
 		s, err := get()
 		if err != nil {
@@ -93,13 +95,23 @@ func adminBase(raw string) (string, error) {
 }
 
 // fetchStatus reads one liveStatus from base/status.
-func fetchStatus(client *http.Client, base string) (liveStatus, error) {
+func fetchStatus(client *http.Client, base, token string) (liveStatus, error) {
 	var s liveStatus
-	resp, err := client.Get(base + "/status")
+	req, err := http.NewRequest("GET", base+"/status", nil)
+	if err != nil {
+		return s, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", bearer(token))
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		return s, fmt.Errorf("no answer from %s/status: %v (is anvilproxy serving there? --admin-listen sets the address)", base, unwrapURL(err))
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		return s, fmt.Errorf("%s/status: HTTP 401: the proxy has an --admin-token; pass it with --admin-token or ANVIL_ADMIN_TOKEN", base)
+	}
 	if resp.StatusCode != http.StatusOK {
 		return s, fmt.Errorf("%s/status: HTTP %d (an anvilproxy admin listener without /status is older than top)", base, resp.StatusCode)
 	}

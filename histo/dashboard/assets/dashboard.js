@@ -29,8 +29,14 @@
   const known = (v) => typeof v === "number" && isFinite(v);
   const now = () => Date.now() + skew;
 
+  // With --admin-token, open the dashboard as /#token=THE-TOKEN: the
+  // fragment never leaves the browser, and the token is sent as a bearer
+  // credential to the endpoints that need it.
+  const token = new URLSearchParams(location.hash.slice(1)).get("token");
+  const auth = token ? { Authorization: "Bearer " + token } : {};
+
   async function getJSON(path) {
-    const r = await fetch(path, { cache: "no-store" });
+    const r = await fetch(path, { cache: "no-store", headers: auth });
     if (!r.ok) throw new Error(path + ": HTTP " + r.status);
     // The server's clock places requests in time; the Date header has one
     // second resolution, so only a larger difference is taken as skew.

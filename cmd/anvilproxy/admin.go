@@ -1,0 +1,129 @@
+package main
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/histo/dashboard"
+)
+
+// The admin listener's bounds. Its clients are scrapers, probes, the
+// dashboard and top, a handful at a time: a client that holds a connection
+// without using it, or a flood of them, must not take descriptors the data
+// listener's streams need.
+const (
+	adminReadHeaderTimeout = 10 * time.Second
+	adminReadTimeout       = 30 * time.Second
+	adminWriteTimeout      = time.Minute // /metrics at the label bound is well under a second
+	adminIdleTimeout       = time.Minute
+	maxAdminConns          = 128
+)
+
+// adminMux routes the admin endpoints: the Recorder's (/metrics, /requests,
+// /healthz), /snapshot, /status, /readyz, and the dashboard at /. With a
+// token, the endpoints that list requests and windows require it.
+func adminMux(st *stack, token string) http.Handler {
+	mux := http.NewServeMux()
+	st.rec.Register(mux)
+	mux.Handle("GET /snapshot", st.snaps.Handler())
+	mux.Handle("GET /status", st.statusHandler())
+	mux.Handle("GET /readyz", st.health.readyHandler())
+	dashboard.Register(mux)
+	if token == "" {
+		return mux
+	}
+	return requireToken(mux, token, "/requests", "/snapshot", "/status")
+}
+
+// requireToken answers 401 to a request for one of paths that does not
+// carry "Authorization: Bearer token". The comparison takes the same time
+// whatever the guess. The rest (/metrics for Prometheus, /healthz and
+// /readyz for probes, the dashboard's static page) stays open.
+func requireToken(next http.Handler, token string, paths ...string) http.Handler {
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, p := range paths {
+			if r.URL.Path != p {
+				continue
+			}
+			got := []byte(r.Header.Get("Authorization"))
+			if subtle.ConstantTimeCompare(got, want) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="anvilproxy admin"`)
+				http.Error(w, "anvilproxy: this admin endpoint needs --admin-token as a bearer token", http.StatusUnauthorized)
+				return
+			}
+			break
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// startAdmin serves h on its own listener, with timeouts and a connection
+// bound, and returns the address it listens on.
+func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("admin listener: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: adminReadHeaderTimeout,
+		ReadTimeout:       adminReadTimeout,
+		WriteTimeout:      adminWriteTimeout,
+		IdleTimeout:       adminIdleTimeout,
+		ErrorLog:          zap.NewStdLog(log.Named("admin")),
+	}
+	go func() {
+		if err := hs.Serve(&boundedListener{Listener: ln, max: maxAdminConns}); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin listener stopped", zap.Error(err))
+		}
+	}()
+	return ln.Addr().String(), func() { hs.Close() }, nil
+}
+
+// boundedListener closes connections beyond max at once. net/http's Serve
+// already backs off on accept errors, so that is all the admin side needs.
+type boundedListener struct {
+	net.Listener
+	max  int64
+	open atomic.Int64
+}
+
+func (l *boundedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) > l.max {
+			l.open.Add(-1)
+			_ = c.Close()
+			continue
+		}
+		return &boundedConn{Conn: c, l: l}, nil
+	}
+}
+
+type boundedConn struct {
+	net.Conn
+	l      *boundedListener
+	closed atomic.Bool
+}
+
+func (c *boundedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.open.Add(-1)
+	}
+	return c.Conn.Close()
+}
+
+// bearer is the header value top and tests send with a token.
+func bearer(token string) string { return "Bearer " + strings.TrimSpace(token) }

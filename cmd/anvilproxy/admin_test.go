@@ -1,0 +1,67 @@
+package main
+
+import (
+	"bytes"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// adminGet fetches an admin path with an optional bearer token.
+func adminGet(t *testing.T, url, token string) int {
+	t.Helper()
+	req, err := http.NewRequest("GET", url, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestAdminToken (A1): with --admin-token, the endpoints that list requests
+// and windows need it as a bearer token; /metrics, /healthz, /readyz and the
+// dashboard page stay open for scrapers and probes; top passes it on.
+func TestAdminToken(t *testing.T) {
+	_, upURL := startTapSim(t, 20)
+	s := startProc(t, upURL, "--admin-token", "s3cret")
+	for _, path := range []string{"/requests", "/snapshot", "/status"} {
+		require.Equal(t, http.StatusUnauthorized, adminGet(t, s.adminURL+path, ""), path)
+		require.Equal(t, http.StatusUnauthorized, adminGet(t, s.adminURL+path, "wrong"), path)
+		require.Equal(t, http.StatusOK, adminGet(t, s.adminURL+path, "s3cret"), path)
+	}
+	for _, path := range []string{"/metrics", "/healthz", "/"} {
+		require.Equal(t, http.StatusOK, adminGet(t, s.adminURL+path, ""), path)
+	}
+	var out, errOut bytes.Buffer
+	require.Error(t, runTop([]string{"--once", s.adminURL}, &out, &errOut))
+	require.NoError(t, runTop([]string{"--once", "--admin-token", "s3cret", s.adminURL}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "requests")
+	require.NotContains(t, s.stderr.String(), "s3cret", "the token reached the log")
+}
+
+// TestAdminConnectionBound (A1): idle connections to the admin listener
+// cannot take more than its bound of descriptors: one past it is closed at
+// once, and once they go the listener serves again.
+func TestAdminConnectionBound(t *testing.T) {
+	_, upURL := startTapSim(t, 20)
+	s := startProc(t, upURL)
+	addr := strings.TrimPrefix(s.adminURL, "http://")
+	conns := openIdle(t, addr, maxAdminConns)
+	extra, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer extra.Close()
+	require.NoError(t, extra.SetDeadline(time.Now().Add(5*time.Second)))
+	_, err = extra.Read(make([]byte, 1))
+	require.Error(t, err, "the connection past the bound was kept")
+	for _, c := range conns {
+		c.Close()
+	}
+	require.Eventually(t, func() bool { return adminGet(t, s.adminURL+"/healthz", "") == 200 }, 5*time.Second, 20*time.Millisecond)
+}
