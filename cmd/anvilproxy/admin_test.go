@@ -63,5 +63,12 @@ func TestAdminConnectionBound(t *testing.T) {
 	for _, c := range conns {
 		c.Close()
 	}
-	require.Eventually(t, func() bool { return adminGet(t, s.adminURL+"/healthz", "") == 200 }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(s.adminURL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, 5*time.Second, 20*time.Millisecond)
 }
