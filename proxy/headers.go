@@ -78,3 +78,22 @@ func appendForwardedFor(h *fasthttp.RequestHeader, ip net.IP) {
 	v, _ = ip.AppendText(v)
 	h.SetBytesV("X-Forwarded-For", v)
 }
+
+// announceTrailers declares to the client the trailer fields the engine
+// declared (the Trailer header is hop-by-hop, so stripResponseHops removed
+// it), for a client that accepts trailers.
+func announceTrailers(dst, src *fasthttp.ResponseHeader) {
+	for _, k := range src.PeekTrailerKeys() {
+		_ = dst.AddTrailerBytes(k)
+	}
+}
+
+// copyTrailers copies the trailer values the engine sent after its body,
+// which fasthttp writes after the client's last chunk.
+func copyTrailers(dst, src *fasthttp.ResponseHeader) {
+	for _, k := range src.PeekTrailerKeys() {
+		if v := src.PeekBytes(k); len(v) > 0 {
+			dst.SetBytesKV(k, v)
+		}
+	}
+}

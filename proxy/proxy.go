@@ -328,6 +328,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r.timing.QueueMs = headerQueueMs(&r.resp.Header)
 	r.resp.Header.CopyTo(&ctx.Response.Header)
 	stripResponseHops(&ctx.Response.Header)
+	if r.trailers {
+		announceTrailers(&ctx.Response.Header, &r.resp.Header)
+		r.clientHeader = &ctx.Response.Header
+	}
 	tr.Status = status
 	if noBody(ctx, status) {
 		r.atEOF = true
@@ -492,6 +496,11 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) 
 	// The body is read whole before it is sent: the client had its 100
 	// Continue from fasthttp, and the engine must not send another.
 	req.Header.Del("Expect")
+	// Trailers are asked for only on behalf of a client that takes them
+	// (TE is hop-by-hop), as Go's ReverseProxy does.
+	if r.trailers = hasToken(ctx.Request.Header.Peek("TE"), "trailers"); r.trailers {
+		req.Header.Set("TE", "trailers")
+	}
 	if r.upgrade = wantsUpgrade(&ctx.Request.Header); r.upgrade {
 		req.Header.SetBytesV("Upgrade", ctx.Request.Header.Peek("Upgrade"))
 		req.Header.Set("Connection", "Upgrade")
@@ -664,7 +673,7 @@ func requestModel(body []byte) []byte {
 func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
-	r.conn = nil
+	r.conn, r.clientHeader, r.trailers = nil, nil, false
 	r.isSSE = false
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()

@@ -33,7 +33,10 @@ type relay struct {
 	req  fasthttp.Request  // the request sent upstream; its body is read again at the end
 	resp fasthttp.Response // the upstream response, streamed
 	conn net.Conn          // the client connection, for per-write idle deadlines
-	buf  []byte
+	// clientHeader is the client response's header while fasthttp writes
+	// the body, for the trailers copied at the end; nil without trailers.
+	clientHeader *fasthttp.ResponseHeader
+	buf          []byte
 
 	isSSE  bool
 	proto  sse.Protocol
@@ -58,6 +61,7 @@ type relay struct {
 	admitted bool  // counted in Proxy.upstream
 	attempt  bool  // begun in the retry tracker
 	upgrade  bool  // the client asked to switch to a protocol the proxy tunnels
+	trailers bool  // the client accepts trailers (TE: trailers)
 	upgraded bool  // the connection was handed to a tunnel
 	counted  bool  // counted in Proxy.inflight
 	reserved int64 // body bytes counted in Proxy.bodyBytes
@@ -112,6 +116,9 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 			if errors.Is(err, io.EOF) {
 				r.atEOF = true
 				r.endAt(time.Now())
+				if r.clientHeader != nil {
+					copyTrailers(r.clientHeader, &r.resp.Header)
+				}
 				if len(r.hold) > 0 { // an incomplete last event: forward it as it came
 					if werr := r.write(w, r.hold, time.Now()); werr != nil {
 						return total, werr
