@@ -328,7 +328,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r.timing.QueueMs = headerQueueMs(&r.resp.Header)
 	r.resp.Header.CopyTo(&ctx.Response.Header)
 	stripResponseHops(&ctx.Response.Header)
-	if r.trailers {
+	// Trailers come only after a chunked body, which goes to an HTTP/1.1
+	// client chunked too.
+	if r.trailers && r.resp.Header.ContentLength() == -1 && ctx.Request.Header.IsHTTP11() {
 		announceTrailers(&ctx.Response.Header, &r.resp.Header)
 		r.clientHeader = &ctx.Response.Header
 	}
