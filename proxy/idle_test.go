@@ -171,3 +171,37 @@ func TestIdleTimeoutClosesFirst(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return p.UpstreamConns() == 0 }, 2*time.Second, 10*time.Millisecond)
 }
+
+// TestBodylessResponseWithBodyNotReused (C7): a HEAD answered with a body
+// and a 204 with one leave bytes no response accounts for; the connection
+// is closed, and the next request gets its own answer, never those bytes.
+func TestBodylessResponseWithBodyNotReused(t *testing.T) {
+	for _, tc := range []struct{ method, head string }{
+		{"HEAD", "HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n"},
+		{"POST", "HTTP/1.1 204 No Content\r\nContent-Length: 8\r\n\r\n"},
+	} {
+		t.Run(tc.method, func(t *testing.T) {
+			var n atomic.Int32
+			up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+				for {
+					if _, _, err := u.readRequest(br); err != nil {
+						return
+					}
+					if n.Add(1) == 1 {
+						io.WriteString(c, tc.head+"SMUGGLED")
+						continue
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+				}
+			})
+			base, _ := startProxy(t, Config{Upstream: up.URL()}, newTraceLog())
+			req, _ := http.NewRequest(tc.method, base+"/v1/models", nil)
+			resp, err := (&http.Transport{}).RoundTrip(req)
+			require.NoError(t, err)
+			resp.Body.Close()
+			got := post(t, base+"/v1/models", "")
+			require.Equal(t, "second", string(got.body))
+			require.Equal(t, int32(2), up.accepted.Load(), "the connection with a body it should not have was used again")
+		})
+	}
+}

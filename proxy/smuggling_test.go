@@ -45,20 +45,16 @@ func TestAbsoluteFormAndHostCannotRedirectUpstream(t *testing.T) {
 	tests := []struct {
 		name, raw string
 		want      string // what the upstream sees
-		bug       string
 	}{
-		{"absolute-form", "GET http://" + other + "/v1/models HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "GET /v1/models host=" + upHost, ""},
-		{"absolute-form https", "GET https://" + other + "/v1/models?x=1 HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "GET /v1/models?x=1 host=" + upHost, ""},
-		{"conflicting host", "GET /v1/models HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "GET /v1/models host=" + upHost, ""},
+		{"absolute-form", "GET http://" + other + "/v1/models HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "GET /v1/models host=" + upHost},
+		{"absolute-form https", "GET https://" + other + "/v1/models?x=1 HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "GET /v1/models?x=1 host=" + upHost},
+		{"conflicting host", "GET /v1/models HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "GET /v1/models host=" + upHost},
 		// Go reports a CONNECT's authority as its Host; what counts is that
 		// it reached the configured upstream as a plain request.
-		{"connect", "CONNECT " + other + " HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "CONNECT " + other + " host=" + other, ""},
+		{"connect", "CONNECT " + other + " HTTP/1.1\r\nHost: " + other + "\r\n\r\n", "CONNECT " + other + " host=" + other},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.bug != "" {
-				t.Skip("BUG: " + tt.bug)
-			}
 			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 			require.NoError(t, err)
 			defer c.Close()
@@ -200,29 +196,25 @@ func TestRequestTransferEncodingVariants(t *testing.T) {
 		name, raw string
 		want      int
 		body      string // forwarded, when want is 200
-		bug       string
 	}{
-		{"chunked, chunked", head + "Transfer-Encoding: chunked, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"gzip, chunked", head + "Transfer-Encoding: gzip, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"xchunked", head + "Transfer-Encoding: xchunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"space before the colon", head + "Transfer-Encoding : chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"identity", head + "Transfer-Encoding: identity\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n", 400, "", ""},
-		{"negative chunk size", head + "Transfer-Encoding: chunked\r\n\r\n-2\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"chunk size overflow", head + "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff1\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"chunk without its CRLF", head + "Transfer-Encoding: chunked\r\n\r\n2\r\nabc0\r\n\r\n", 400, "", ""},
-		{"bare LF in a chunk extension", head + "Transfer-Encoding: chunked\r\n\r\n2;a\nb\r\nab\r\n0\r\n\r\n", 400, "", ""},
-		{"tab before the value", head + "Transfer-Encoding:\tchunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 200, "ab", ""},
+		{"chunked, chunked", head + "Transfer-Encoding: chunked, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"gzip, chunked", head + "Transfer-Encoding: gzip, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"xchunked", head + "Transfer-Encoding: xchunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"space before the colon", head + "Transfer-Encoding : chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"identity", head + "Transfer-Encoding: identity\r\n\r\nGET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n", 400, ""},
+		{"negative chunk size", head + "Transfer-Encoding: chunked\r\n\r\n-2\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"chunk size overflow", head + "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff1\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"chunk without its CRLF", head + "Transfer-Encoding: chunked\r\n\r\n2\r\nabc0\r\n\r\n", 400, ""},
+		{"bare LF in a chunk extension", head + "Transfer-Encoding: chunked\r\n\r\n2;a\nb\r\nab\r\n0\r\n\r\n", 400, ""},
+		{"tab before the value", head + "Transfer-Encoding:\tchunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 200, "ab"},
 		// RFC 9112 §5.2 lets a server reject obs-fold with 400 or unfold it;
 		// rejecting leaves no line for an upstream to read as a header.
-		{"obs-fold", head + "X-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\nab", 400, "", ""},
-		{"space in a name", head + "Transfer Encoding: chunked\r\nContent-Length: 2\r\n\r\nab", 400, "", ""},
-		{"space in Content-Length's name", head + "Content Length: 2\r\n\r\nab", 400, "", ""},
+		{"obs-fold", head + "X-A: b\r\n Transfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\nab", 400, ""},
+		{"space in a name", head + "Transfer Encoding: chunked\r\nContent-Length: 2\r\n\r\nab", 400, ""},
+		{"space in Content-Length's name", head + "Content Length: 2\r\n\r\nab", 400, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.bug != "" {
-				t.Skip("BUG: " + tt.bug)
-			}
 			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
 			require.NoError(t, err)
 			defer c.Close()
@@ -303,21 +295,17 @@ func TestUpstreamResponseMalformedFraming(t *testing.T) {
 	tests := []struct {
 		name, raw string
 		want      int // 200 means headers relayed, then a truncated body
-		bug       string
 	}{
-		{"content-length and transfer-encoding", "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, ""},
-		{"transfer-encoding and content-length", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, ""},
-		{"duplicate content-length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab", 502, ""},
-		{"negative content-length", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nab", 502, ""},
-		{"unknown transfer-encoding", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc", 502, ""},
-		{"chunked, chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502, ""},
-		{"bad chunk mid-body", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nzz\r\nab\r\n0\r\n\r\n", 200, ""},
+		{"content-length and transfer-encoding", "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502},
+		{"transfer-encoding and content-length", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502},
+		{"duplicate content-length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nab", 502},
+		{"negative content-length", "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\nab", 502},
+		{"unknown transfer-encoding", "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc", 502},
+		{"chunked, chunked", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n", 502},
+		{"bad chunk mid-body", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nzz\r\nab\r\n0\r\n\r\n", 200},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.bug != "" {
-				t.Skip("BUG: " + tt.bug)
-			}
 			var first atomic.Bool
 			up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
 				for {
