@@ -315,7 +315,8 @@ func startEmbeddedSim(cfg sim.Config) (addr string, stop func(), err error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("listening for the simulated engine: %w", err)
 	}
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	// Like engines behind uvicorn, it closes idle connections after 5 s.
+	hs := s.HTTPServer()
 	go hs.Serve(ln) //nolint:errcheck // ends with Close
 	return ln.Addr().String(), func() { hs.Close() }, nil
 }

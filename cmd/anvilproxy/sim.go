@@ -9,42 +9,29 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
-	"time"
 
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
 func runSim(args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	listen := fs.String("listen", ":8000", "address the simulated engine listens on (host:port)")
-	var c sim.Config
-	fs.StringVar(&c.Model, "model", sim.DefaultModel, "model name reported in responses")
-	fs.IntVar(&c.Slots, "slots", 4, "concurrent sequences; more requests wait in a FIFO queue")
-	fs.IntVar(&c.MaxQueue, "max-queue", 64, "requests that may wait for a slot; one more gets 429")
-	fs.Float64Var(&c.PrefillTokensPerSec, "prefill-tps", 7700, "prefill rate of uncached prompt tokens, tokens/s")
-	fs.Float64Var(&c.DecodeTokensPerSec, "decode-tps", 235, "decode rate per stream, tokens/s")
-	fs.IntVar(&c.TokensPerEvent, "tokens-per-event", 5, "mean tokens per SSE event (speculative decoding sends several)")
-	fs.IntVar(&c.DefaultMaxTokens, "default-max-tokens", 256, "completion tokens when a request sets no max_tokens")
-	fs.Float64Var(&c.ReasoningShare, "reasoning-share", 0.5, "share of completion tokens that are reasoning, sent before content")
-	fs.TextVar(&c.Timings, "timings", sim.TimingNone, "engine timing in the final chunk: none, vllm (metrics.queue_time_ms …) or llamacpp (timings.prompt_ms …)")
-	fs.Float64Var(&c.FailRate, "fail-rate", 0, "share of requests answered with 500, 0 to 1")
-	fs.Int64Var(&c.Seed, "seed", 1, "seed for event sizes, filler text and failures")
-	if err := parseFlags(fs, args); err != nil {
+	c, listen, err := parseSimFlags(args, stderr)
+	if err != nil {
 		return err
 	}
 	s, err := sim.New(c)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *listen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
 	fmt.Fprintf(stderr, "anvilproxy sim: serving %s on http://%s (slots %d, prefill %.0f tok/s, decode %.0f tok/s)\n",
 		c.Model, ln.Addr(), c.Slots, c.PrefillTokensPerSec, c.DecodeTokensPerSec)
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	hs := s.HTTPServer()
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigc)
@@ -55,5 +42,64 @@ func runSim(args []string, stderr io.Writer) error {
 	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	return nil
+}
+
+// parseSimFlags parses the sim subcommand's flags into the engine's
+// configuration and the address to listen on.
+func parseSimFlags(args []string, stderr io.Writer) (c sim.Config, listen string, err error) {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&listen, "listen", ":8000", "address the simulated engine listens on (host:port)")
+	fs.StringVar(&c.Model, "model", sim.DefaultModel, "model name reported in responses")
+	fs.IntVar(&c.Slots, "slots", 4, "concurrent sequences; more requests wait in a FIFO queue")
+	fs.IntVar(&c.MaxQueue, "max-queue", 64, "requests that may wait for a slot; one more gets 429")
+	fs.Float64Var(&c.PrefillTokensPerSec, "prefill-tps", 7700, "prefill rate of uncached prompt tokens, tokens/s")
+	fs.Float64Var(&c.DecodeTokensPerSec, "decode-tps", 235, "decode rate per stream, tokens/s")
+	fs.IntVar(&c.TokensPerEvent, "tokens-per-event", 5, "mean tokens per SSE event (speculative decoding sends several)")
+	fs.Var((*lengthsFlag)(&c.NaturalLengths), "lengths", "natural answer lengths in tokens, comma-separated: each answer stops by itself (finish_reason stop) at a length drawn between them, unless max_tokens is smaller (default: the reference run's 274,281,321,433,455,519)")
+	fs.BoolVar(&c.ExactLength, "exact-length", false, "generate exactly max_tokens (finish_reason length), or --default-max-tokens without a limit, instead of natural stops")
+	fs.IntVar(&c.DefaultMaxTokens, "default-max-tokens", 256, "completion tokens when a request sets no max_tokens, with --exact-length")
+	fs.Float64Var(&c.ReasoningShare, "reasoning-share", 0.5, "share of completion tokens that are reasoning, sent before content")
+	fs.TextVar(&c.Timings, "timings", sim.TimingNone, "engine timing in the final chunk: none, vllm (metrics.queue_time_ms …) or llamacpp (timings.prompt_ms …)")
+	fs.Float64Var(&c.FailRate, "fail-rate", 0, "share of requests answered with 500, 0 to 1")
+	fs.Float64Var(&c.TruncateRate, "truncate-rate", 0, "share of streams that end early but cleanly, as ollama's do (HTTP 200, no finish_reason, no usage, no [DONE]), 0 to 1")
+	fs.Int64Var(&c.Seed, "seed", 1, "seed for event sizes, filler text, answer lengths, failures and truncations")
+	fs.DurationVar(&c.KeepAliveTimeout, "keepalive-timeout", sim.DefaultKeepAliveTimeout, "close a keep-alive connection idle this long, as uvicorn (vLLM, SGLang) does after 5s; 0: never, as Go engines such as ollama")
+	reportCached := fs.Bool("report-cached", true, "report cached prompt tokens in usage, as vLLM does; false: report none while the prefix cache still cuts prefill, as ollama and many llama.cpp servers do")
+	if err := parseFlags(fs, args); err != nil {
+		return c, "", err
+	}
+	c.UnreportedCache = !*reportCached
+	if c.KeepAliveTimeout == 0 {
+		c.KeepAliveTimeout = -1 // the flag's 0 is "never"; the Config's 0 is the default
+	}
+	return c, listen, nil
+}
+
+// lengthsFlag is a comma-separated list of token counts.
+type lengthsFlag []int
+
+func (f *lengthsFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	parts := make([]string, len(*f))
+	for i, n := range *f {
+		parts[i] = strconv.Itoa(n)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (f *lengthsFlag) Set(v string) error {
+	var out []int
+	for _, p := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 {
+			return fmt.Errorf("want token counts >= 1, got %q", p)
+		}
+		out = append(out, n)
+	}
+	*f = out
 	return nil
 }

@@ -254,6 +254,7 @@ func TestDecodeRate(t *testing.T) {
 	cfg := fast()
 	cfg.DecodeTokensPerSec = 1000
 	cfg.PrefillTokensPerSec = 20000
+	cfg.NaturalLengths = []int{1000} // the limit of 300 cuts it
 	_, ts := start(t, cfg)
 	prompt := strings.Repeat("x", 4*4000) // 4,000 tokens: 200 ms of prefill
 	body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": prompt}},

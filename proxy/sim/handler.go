@@ -82,12 +82,21 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 	res, err := s.run(r.Context(), t, j, out)
 	switch {
 	case errors.Is(err, errInjected):
+		s.record(j, res, OutcomeFailed)
 		s.count(&s.stats.Failed)
 		// The stdlib way to drop a response mid-body: no terminating chunk is
 		// written, so the client sees an unexpected EOF (as Go's
 		// ReverseProxy does when its upstream dies).
 		panic(http.ErrAbortHandler)
+	case errors.Is(err, errTruncated):
+		// Returning ends the chunked body cleanly: HTTP 200, no finish, no
+		// usage, no [DONE] or closing events, as ollama's streams end when
+		// it stops a generation for repetition.
+		s.record(j, res, OutcomeTruncated)
+		s.count(&s.stats.Truncated)
+		return
 	case err != nil:
+		s.record(j, res, OutcomeAborted)
 		return
 	}
 	if j.stream {
@@ -97,8 +106,10 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 	}
 	if err != nil {
 		s.abort(j, res, PhaseDecode)
+		s.record(j, res, OutcomeAborted)
 		return
 	}
+	s.record(j, res, OutcomeCompleted)
 	s.count(&s.stats.Completed)
 }
 

@@ -35,6 +35,8 @@ func TestBadKnob(t *testing.T) {
 		{"X-Sim-Fail-After-Events", "x"},
 		{"X-Sim-Event-Gap", "50"},
 		{"X-Sim-Prefill", "-1s"},
+		{"X-Sim-Completion-Tokens", "0"},
+		{"X-Sim-Completion-Tokens", "many"},
 	} {
 		resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", chatBody(true, true), h...)
 		require.Equal(t, http.StatusBadRequest, resp.StatusCode, h)
@@ -129,6 +131,8 @@ func TestNewValidation(t *testing.T) {
 		{ReasoningShare: 1.5},
 		{FailRate: 2},
 		{Timings: 9},
+		{NaturalLengths: []int{}},
+		{NaturalLengths: []int{300, 0}},
 	} {
 		_, err := New(cfg)
 		require.Error(t, err, "%+v", cfg)
@@ -139,6 +143,7 @@ func TestNewValidation(t *testing.T) {
 		Model: DefaultModel, Slots: 4, MaxQueue: 64, PrefillTokensPerSec: 7700,
 		DecodeTokensPerSec: 235, TokensPerEvent: 5, BytesPerToken: 4, DefaultMaxTokens: 256,
 		ReasoningShare: 0.5, CacheBlockTokens: 16, CacheBlocks: 1 << 16,
+		NaturalLengths: ReferenceLengths, KeepAliveTimeout: 5 * time.Second,
 	}, s.cfg)
 }
 

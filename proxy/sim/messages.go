@@ -80,11 +80,13 @@ type anthMessage struct {
 	Usage        anthUsage   `json:"usage"`
 }
 
+// anthUsage is the Messages usage object; the cache fields are nil with
+// Config.UnreportedCache, as from ollama's /v1/messages.
 type anthUsage struct {
-	InputTokens              int `json:"input_tokens"`
-	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
-	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
+	InputTokens              int  `json:"input_tokens"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens,omitempty"`
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens,omitempty"`
+	OutputTokens             int  `json:"output_tokens"`
 }
 
 type anthBlock struct {
@@ -131,16 +133,21 @@ func (m *messages) signature() string {
 	return base64.StdEncoding.EncodeToString([]byte("anvilproxy-sim:" + m.j.base))
 }
 
-func newAnthUsage(res *result) anthUsage {
+func newAnthUsage(cfg *Config, res *result) anthUsage {
+	if cfg.UnreportedCache {
+		return anthUsage{InputTokens: res.promptTokens, OutputTokens: res.completionTokens}
+	}
+	created, read := 0, res.cachedTokens
 	return anthUsage{
-		InputTokens:          res.promptTokens - res.cachedTokens,
-		CacheReadInputTokens: res.cachedTokens,
-		OutputTokens:         res.completionTokens,
+		InputTokens:              res.promptTokens - res.cachedTokens,
+		CacheCreationInputTokens: &created,
+		CacheReadInputTokens:     &read,
+		OutputTokens:             res.completionTokens,
 	}
 }
 
 func (m *messages) open(e *eventWriter, res *result) error {
-	usage := newAnthUsage(res)
+	usage := newAnthUsage(m.cfg, res)
 	usage.OutputTokens = 1 // as Anthropic sends before any output
 	return e.send("message_start", &anthEvent{Type: "message_start", Message: &anthMessage{
 		ID:      m.j.id,
@@ -240,7 +247,7 @@ func (m *messages) body(res *result) any {
 		Model:      m.cfg.Model,
 		Content:    content,
 		StopReason: &stop,
-		Usage:      newAnthUsage(res),
+		Usage:      newAnthUsage(m.cfg, res),
 	}
 }
 

@@ -62,6 +62,7 @@ func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
 		{"sim_requests_aborted_total", "counter", "Generation requests whose client went away first.", st.Aborted},
 		{"sim_requests_rejected_total", "counter", "Generation requests answered 429.", st.Rejected429},
 		{"sim_requests_failed_total", "counter", "Generation requests answered another error or cut mid-stream.", st.Failed},
+		{"sim_requests_truncated_total", "counter", "Streams ended cleanly without their final events.", st.Truncated},
 		{"sim_prompt_tokens_total", "counter", "Prompt tokens of requests that reached prefill.", st.PromptTokens},
 		{"sim_prompt_tokens_cached_total", "counter", "Prompt tokens served by the prefix cache.", st.CachedTokens},
 		{"sim_generation_tokens_total", "counter", "Completion tokens generated.", st.CompletionTokens},

@@ -16,7 +16,7 @@ type openAIUsage struct {
 	PromptTokens            int                `json:"prompt_tokens"`
 	TotalTokens             int                `json:"total_tokens"`
 	CompletionTokens        int                `json:"completion_tokens"`
-	PromptTokensDetails     promptDetails      `json:"prompt_tokens_details"`
+	PromptTokensDetails     *promptDetails     `json:"prompt_tokens_details,omitempty"` // nil with Config.UnreportedCache
 	CompletionTokensDetails completionsDetails `json:"completion_tokens_details"`
 }
 
@@ -28,14 +28,17 @@ type completionsDetails struct {
 	ReasoningTokens int `json:"reasoning_tokens"`
 }
 
-func newOpenAIUsage(res *result) *openAIUsage {
-	return &openAIUsage{
+func newOpenAIUsage(cfg *Config, res *result) *openAIUsage {
+	u := &openAIUsage{
 		PromptTokens:            res.promptTokens,
 		TotalTokens:             res.promptTokens + res.completionTokens,
 		CompletionTokens:        res.completionTokens,
-		PromptTokensDetails:     promptDetails{CachedTokens: res.cachedTokens},
 		CompletionTokensDetails: completionsDetails{ReasoningTokens: res.reasoningTokens},
 	}
+	if !cfg.UnreportedCache {
+		u.PromptTokensDetails = &promptDetails{CachedTokens: res.cachedTokens}
+	}
+	return u
 }
 
 // vllmMetrics is vLLM's per-request "metrics" object

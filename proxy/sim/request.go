@@ -19,10 +19,12 @@ type knobs struct {
 	failAfter    int           // -1: off
 	eventGap     time.Duration // -1: off
 	prefill      time.Duration // -1: off
+	length       int           // -1: off
+	truncAfter   int           // -1: off
 }
 
 func parseKnobs(h http.Header) (knobs, error) {
-	k := knobs{failAfter: -1, eventGap: -1, prefill: -1}
+	k := knobs{failAfter: -1, eventGap: -1, prefill: -1, length: -1, truncAfter: -1}
 	var err error
 	if v := h.Get("X-Sim-Status"); v != "" {
 		if k.status, err = strconv.Atoi(v); err != nil || k.status < 400 || k.status > 599 {
@@ -49,6 +51,16 @@ func parseKnobs(h http.Header) (knobs, error) {
 			return k, fmt.Errorf("sim: bad X-Sim-Prefill %q: want a duration such as 2s", v)
 		}
 	}
+	if v := h.Get("X-Sim-Truncate-After-Events"); v != "" {
+		if k.truncAfter, err = strconv.Atoi(v); err != nil || k.truncAfter < 0 {
+			return k, fmt.Errorf("sim: bad X-Sim-Truncate-After-Events %q: want a count", v)
+		}
+	}
+	if v := h.Get("X-Sim-Completion-Tokens"); v != "" {
+		if k.length, err = strconv.Atoi(v); err != nil || k.length < 1 {
+			return k, fmt.Errorf("sim: bad X-Sim-Completion-Tokens %q: want a count >= 1", v)
+		}
+	}
 	return k, nil
 }
 
@@ -65,9 +77,8 @@ func (s *Server) newJob(r *http.Request, body []byte, p protocol, arrived time.T
 	if j.limited && j.maxTokens < 1 {
 		return nil, fmt.Errorf("max tokens must be at least 1, got %d", j.maxTokens)
 	}
-	if !j.limited {
-		j.maxTokens = s.cfg.DefaultMaxTokens
-	}
+	s.length(j)
+	s.drawTruncation(j)
 	j.base = r.Header.Get("X-Request-Id")
 	if j.base == "" {
 		// Each id takes two steps of one SplitMix64 sequence, so ids are
@@ -77,6 +88,45 @@ func (s *Server) newJob(r *http.Request, body []byte, p protocol, arrived time.T
 	}
 	j.id = p.prefix() + j.base
 	return j, nil
+}
+
+// length decides how many tokens j generates and whether its limit cut it
+// (finish "length"): the natural length drawn for its prompt, or set by
+// X-Sim-Completion-Tokens, unless the request's limit is smaller. On entry
+// j.maxTokens and j.limited are the request's limit and whether it set one.
+func (s *Server) length(j *job) {
+	if s.cfg.ExactLength && j.knobs.length < 0 {
+		if !j.limited {
+			j.maxTokens = s.cfg.DefaultMaxTokens
+		}
+		return
+	}
+	natural := j.knobs.length
+	if natural < 0 {
+		// Seeded by the prompt, as the text is: the same conversation gets
+		// the same answer length from a seeded engine.
+		rng := hashBody([]byte(j.prompt)) ^ uint64(s.cfg.Seed) ^ 0x1e46
+		natural = drawLength(s.cfg.NaturalLengths, &rng)
+	}
+	if j.limited && j.maxTokens < natural {
+		return // the limit cuts the answer: finish "length"
+	}
+	j.maxTokens, j.limited = natural, false
+}
+
+// drawTruncation decides, with probability Config.TruncateRate, that j's
+// stream ends early, after a uniformly drawn number of its tokens (at least
+// one, never all). The draw comes from a sequence seeded by Config.Seed, in
+// request order.
+func (s *Server) drawTruncation(j *job) {
+	if s.cfg.TruncateRate == 0 || !j.stream || j.maxTokens < 2 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.trunc.Float64() < s.cfg.TruncateRate {
+		j.truncTokens = 1 + s.trunc.IntN(j.maxTokens-1)
+	}
 }
 
 // tokenLimit returns the first limit the request set, in order of

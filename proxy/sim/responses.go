@@ -193,19 +193,23 @@ func (p *responses) object(status string, res *result) *respObject {
 		o.Output = []respItem{}
 	}
 	if status == "completed" {
-		o.Usage = newRespUsage(res)
+		o.Usage = newRespUsage(p.cfg, res)
 		o.Metrics, _ = timing(p.cfg.Timings, res)
 	}
 	return o
 }
 
-func newRespUsage(res *result) *respUsage {
+// newRespUsage is the Responses usage object. With Config.UnreportedCache
+// it says cached_tokens 0, as ollama's /v1/responses always does.
+func newRespUsage(cfg *Config, res *result) *respUsage {
 	u := &respUsage{
 		InputTokens:  res.promptTokens,
 		OutputTokens: res.completionTokens,
 		TotalTokens:  res.promptTokens + res.completionTokens,
 	}
-	u.InputTokensDetails.CachedTokens = res.cachedTokens
+	if !cfg.UnreportedCache {
+		u.InputTokensDetails.CachedTokens = res.cachedTokens
+	}
 	u.OutputTokensDetails.ReasoningTokens = res.reasoningTokens
 	return u
 }

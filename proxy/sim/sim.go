@@ -38,11 +38,32 @@
 // text is: the tools JSON as sent, then "role\ncontent\n" per message in order
 // (content parts contribute their "text", other parts their JSON); for
 // completions it is the prompt; for Responses, instructions then input items;
-// for Messages, tools, system, then messages. The completion is exactly the
-// request's token limit (max_completion_tokens, max_tokens, max_output_tokens)
-// or Config.DefaultMaxTokens, and the finish reason says "length"
-// ("max_tokens" for Messages) when the request set the limit, "stop"
-// ("end_turn") when it did not.
+// for Messages, tools, system, then messages.
+//
+// Answers end by themselves, as a model's do: each request has a natural
+// length drawn from Config.NaturalLengths (by default the reference run's
+// 274–519 tokens), deterministically from its prompt and Config.Seed, and
+// ends there with finish reason "stop" ("end_turn" for Messages, status
+// "completed" for Responses). Only when the request's token limit
+// (max_completion_tokens, max_tokens, max_output_tokens) is smaller does the
+// limit cut it: that many tokens, finish "length" ("max_tokens"). With
+// Config.ExactLength the completion is exactly the limit (or
+// Config.DefaultMaxTokens when none is set), as before natural stops.
+//
+// Connections: the server HTTPServer returns closes a keep-alive connection
+// idle for Config.KeepAliveTimeout, 5 s by default, as uvicorn does in front
+// of vLLM and SGLang; a client that pools connections meets a closed one
+// after a pause between turns.
+//
+// Usage reports the cached prompt tokens, as vLLM does
+// (prompt_tokens_details.cached_tokens; Messages: cache_read_input_tokens,
+// input_tokens excluding them), unless Config.UnreportedCache: then no cached
+// count is reported, as from ollama, while the cache still cuts prefill.
+//
+// The engine records the truth of every request it admitted — its true
+// queue wait, prefill time and the cached tokens it used — for in-process
+// tests to compare with what a proxy inferred (Server.Truth); none of it is
+// sent to the client.
 //
 // Reasoning is on for chat completions and Responses unless the request sends
 // "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
@@ -59,9 +80,17 @@
 //	                            beyond the last event: before the closing events), so
 //	                            the client sees an unexpected EOF; a non-stream request
 //	                            drops before any response byte
+//	X-Sim-Truncate-After-Events: 3
+//	                            after 3 output events end the stream cleanly, as
+//	                            ollama does (HTTP 200, chunked end, but no finish
+//	                            reason, usage, [DONE] or closing events); before
+//	                            the final output event if the answer has fewer;
+//	                            non-stream requests are answered in full
 //	X-Sim-Event-Gap: 50ms       decode events exactly this far apart (tokens per event
 //	                            unchanged); a time.ParseDuration string
 //	X-Sim-Prefill: 2s           prefill takes exactly this long
+//	X-Sim-Completion-Tokens: 40 this request's natural length is 40 tokens (a
+//	                            smaller limit still cuts it); also with ExactLength
 //	X-Request-Id: abc           the response id becomes "chatcmpl-abc" (per protocol
 //	                            prefix) and the header is echoed, as vLLM does
 //
@@ -73,6 +102,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -108,8 +138,20 @@ type Config struct {
 	// BytesPerToken is the prompt token estimate. 0 means 4.
 	BytesPerToken int
 	// DefaultMaxTokens is the completion length when the request sets no
-	// limit. 0 means 256.
+	// limit, with ExactLength. 0 means 256.
 	DefaultMaxTokens int
+	// NaturalLengths is a sample of natural completion lengths: each
+	// request's answer ends by itself ("stop") after a length drawn between
+	// them (their quantiles, interpolated), deterministically from the
+	// prompt and Seed, unless the request's limit is smaller. nil means
+	// ReferenceLengths (274–519 tokens). It is sorted on New.
+	NaturalLengths []int
+	// ExactLength makes every completion exactly the request's limit, or
+	// DefaultMaxTokens when it sets none, with finish "length" when it set
+	// one: the simulator's behaviour before natural stops, for tests that
+	// need a known length. X-Sim-Completion-Tokens sets one request's
+	// natural length instead.
+	ExactLength bool
 	// ReasoningShare is the share of completion tokens that are reasoning
 	// when reasoning is on (rounded down). 0 means 0.5.
 	ReasoningShare float64
@@ -124,8 +166,32 @@ type Config struct {
 	// FailRate is the share of requests answered with 500, drawn from a
 	// sequence seeded by Seed. 0 means none.
 	FailRate float64
-	// Seed makes event sizes, filler text, ids and FailRate reproducible.
+	// TruncateRate is the share of streamed answers that end early but
+	// cleanly, as ollama ends a generation it stopped for repetition: HTTP
+	// 200, the chunked body terminated, but no finish reason, no usage, no
+	// [DONE] (Messages: no message_delta or message_stop; Responses: no
+	// response.completed), after a uniformly drawn part of the answer. Drawn
+	// from a sequence seeded by Seed. 0 means none. Non-stream answers are
+	// never truncated.
+	TruncateRate float64
+	// Seed makes event sizes, filler text, ids, FailRate and TruncateRate
+	// reproducible.
 	Seed int64
+	// UnreportedCache makes the engine report no cached prompt tokens while
+	// its prefix cache still cuts prefill, as ollama and many llama.cpp
+	// based servers do: chat and legacy completions usage has no
+	// prompt_tokens_details, Messages usage no cache_read_input_tokens
+	// (input_tokens is the whole prompt), and Responses usage says
+	// cached_tokens 0 (as ollama's /v1/responses does). Cache hits are then
+	// visible only in timing. Timings (llama.cpp's cache_n) are unaffected:
+	// they are a separate, explicit choice. The zero value reports them, as
+	// vLLM does.
+	UnreportedCache bool
+	// KeepAliveTimeout is how long an idle keep-alive connection stays
+	// open, applied by the server HTTPServer returns. 0 means
+	// DefaultKeepAliveTimeout (5 s, uvicorn's); negative means never, as
+	// Go net/http engines such as ollama.
+	KeepAliveTimeout time.Duration
 }
 
 // TimingMode selects how a response reports the engine's own timing, which
@@ -184,7 +250,9 @@ type Server struct {
 	cache    *prefixCache
 	attempts map[uint64]int
 	fail     *rand.Rand
+	trunc    *rand.Rand
 	stats    Stats
+	truths   *truths
 }
 
 // New returns a Server for cfg with defaults filled in, or an error naming
@@ -200,6 +268,8 @@ func New(cfg Config) (*Server, error) {
 		cache:    newPrefixCache(cfg.CacheBlockTokens, cfg.BytesPerToken, cfg.CacheBlocks),
 		attempts: make(map[uint64]int),
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
+		trunc:    rand.New(rand.NewPCG(uint64(cfg.Seed), 0x7256)),
+		truths:   newTruths(),
 	}
 	s.mux = s.routes()
 	return s, nil
@@ -239,6 +309,7 @@ func withDefaults(c Config) (Config, error) {
 		{"DecodeTokensPerSec", &c.DecodeTokensPerSec, 235, math.MaxFloat64},
 		{"ReasoningShare", &c.ReasoningShare, 0.5, 1},
 		{"FailRate", &c.FailRate, 0, 1},
+		{"TruncateRate", &c.TruncateRate, 0, 1},
 	}
 	for _, f := range floats {
 		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
@@ -253,6 +324,16 @@ func withDefaults(c Config) (Config, error) {
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel
+	}
+	if c.NaturalLengths == nil {
+		c.NaturalLengths = ReferenceLengths
+	}
+	c.NaturalLengths = slices.Sorted(slices.Values(c.NaturalLengths)) // a copy: the caller's slice stays theirs
+	if len(c.NaturalLengths) == 0 || c.NaturalLengths[0] < 1 {
+		return c, fmt.Errorf("sim: NaturalLengths %v, want at least one length >= 1", c.NaturalLengths)
+	}
+	if c.KeepAliveTimeout == 0 {
+		c.KeepAliveTimeout = DefaultKeepAliveTimeout
 	}
 	return c, nil
 }
@@ -294,6 +375,7 @@ type Stats struct {
 	Aborted     int64 // the client went away first
 	Rejected429 int64 // answered 429: queue full or X-Sim-Fail-Attempts
 	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
+	Truncated   int64 // streams ended cleanly without their final events
 
 	Active int // holding a slot now
 	Queued int // waiting for a slot now

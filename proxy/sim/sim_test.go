@@ -18,11 +18,13 @@ import (
 )
 
 // fast is a Config quick enough for tests: prefill ~free, 64 tokens in
-// ~13 ms.
+// ~13 ms. Every answer's natural length is 64, so a request without a
+// limit gets 64 tokens and "stop"; one with a smaller limit is cut by it.
 func fast() Config {
 	return Config{
 		PrefillTokensPerSec: 1e6,
 		DecodeTokensPerSec:  5000,
+		NaturalLengths:      []int{64},
 		DefaultMaxTokens:    64,
 		Seed:                1,
 	}
@@ -32,7 +34,9 @@ func start(t *testing.T, cfg Config) (*Server, *httptest.Server) {
 	t.Helper()
 	s, err := New(cfg)
 	require.NoError(t, err)
-	ts := httptest.NewServer(s)
+	ts := httptest.NewUnstartedServer(s)
+	ts.Config = s.HTTPServer()
+	ts.Start()
 	t.Cleanup(ts.Close)
 	return s, ts
 }

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
+)
+
+// TestSimFlagsOneSlotUnreported serves the engine `anvilproxy sim --slots 1
+// --report-cached=false` configures: a one-slot FIFO engine whose usage
+// carries no cached count.
+func TestSimFlagsOneSlotUnreported(t *testing.T) {
+	c, listen, err := parseSimFlags([]string{"--slots", "1", "--report-cached=false", "--listen", "127.0.0.1:0",
+		"--prefill-tps", "1000000", "--decode-tps", "5000"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:0", listen)
+	require.Equal(t, 1, c.Slots)
+	require.True(t, c.UnreportedCache)
+	s, err := sim.New(c)
+	require.NoError(t, err)
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+
+	const prefill = 300 * time.Millisecond
+	var wg sync.WaitGroup
+	for _, id := range []string{"a", "b"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("POST", ts.URL+"/v1/chat/completions",
+				strings.NewReader(`{"stream":true,"stream_options":{"include_usage":true},"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`))
+			req.Header.Set("X-Request-Id", id)
+			req.Header.Set("X-Sim-Prefill", prefill.String())
+			resp, err := http.DefaultClient.Do(req)
+			if !assertNoErr(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if strings.Contains(string(b), "cached_tokens") {
+				t.Errorf("usage reports cached tokens: %s", b)
+			}
+		}()
+		// b is sent once a holds the slot, so the queue order is known.
+		require.Eventually(t, func() bool { st := s.Stats(); return st.Active == 1 && (id == "a" || st.Queued == 1) },
+			5*time.Second, time.Millisecond)
+	}
+	wg.Wait()
+	a, ok := s.Truth("a")
+	require.True(t, ok)
+	b, ok := s.Truth("b")
+	require.True(t, ok)
+	require.False(t, b.Admitted.Before(a.Finished), "one slot: b waits for a")
+	require.Greater(t, b.Queue, prefill/2)
+}
+
+func assertNoErr(t *testing.T, err error) bool {
+	t.Helper()
+	if err != nil {
+		t.Error(err)
+		return false
+	}
+	return true
+}
+
+func TestSimFlagsDefaultsAndLengths(t *testing.T) {
+	c, _, err := parseSimFlags(nil, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, sim.DefaultKeepAliveTimeout, c.KeepAliveTimeout)
+	require.False(t, c.UnreportedCache)
+	require.Nil(t, c.NaturalLengths, "the sim's reference lengths")
+	require.False(t, c.ExactLength)
+
+	c, _, err = parseSimFlags([]string{"--keepalive-timeout", "0", "--lengths", "20, 40,60", "--exact-length", "--truncate-rate", "0.25"}, io.Discard)
+	require.NoError(t, err)
+	require.Negative(t, c.KeepAliveTimeout, "0 on the command line: never close")
+	require.Equal(t, []int{20, 40, 60}, c.NaturalLengths)
+	require.True(t, c.ExactLength)
+	require.Equal(t, 0.25, c.TruncateRate)
+
+	_, _, err = parseSimFlags([]string{"--lengths", "20,x"}, io.Discard)
+	require.Error(t, err)
+}

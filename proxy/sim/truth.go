@@ -1,0 +1,108 @@
+package sim
+
+import "time"
+
+// Truth is what the engine knows about one request and never tells the
+// client: its true queue wait, prefill time and cache use. Tests compare
+// what a measuring proxy infers from the outside (queue vs prefill, cache
+// hits the engine did not report) against it.
+type Truth struct {
+	ID string // the key: X-Request-Id, or the generated id (the response id without its prefix)
+
+	Arrived    time.Time // the handler started: the request reached the engine
+	Admitted   time.Time // a slot was acquired; zero if the request never got one
+	FirstToken time.Time // prefill ended and the first token was due; zero if never
+	Finished   time.Time // the engine stopped work on it: its slot was let go, or it left the queue
+
+	Queue   time.Duration // Arrived → Admitted; for a request that left the queue, Arrived → Finished
+	Prefill time.Duration // Admitted → FirstToken
+
+	PromptTokens     int
+	CachedTokens     int // prompt tokens the prefix cache actually served, reported or not
+	CompletionTokens int // generated, including those of a stream cut short
+
+	Outcome Outcome
+}
+
+// Outcome is how a request ended inside the engine.
+type Outcome string
+
+// The outcomes of a request that reached admission.
+const (
+	OutcomeCompleted Outcome = "completed" // generated in full and written
+	OutcomeAborted   Outcome = "aborted"   // the client went away first
+	OutcomeFailed    Outcome = "failed"    // cut by X-Sim-Fail-After-Events
+	OutcomeTruncated Outcome = "truncated" // ended cleanly without finish, usage or [DONE] (X-Sim-Truncate-After-Events, Config.TruncateRate)
+)
+
+// maxTruths bounds the truth records kept: the oldest are forgotten first.
+// Tests send far fewer requests; a long-running sim keeps its memory bounded.
+const maxTruths = 1 << 14
+
+// truths is a bounded map from id to Truth, forgetting the oldest entry
+// first. It is not safe for concurrent use; Server.mu guards it.
+type truths struct {
+	byID  map[string]Truth
+	order []string // ring of ids, oldest at next
+	next  int
+}
+
+func newTruths() *truths { return &truths{byID: make(map[string]Truth)} }
+
+func (t *truths) put(tr Truth) {
+	if _, ok := t.byID[tr.ID]; ok { // a repeated X-Request-Id: the latest wins
+		t.byID[tr.ID] = tr
+		return
+	}
+	if len(t.order) < maxTruths {
+		t.order = append(t.order, tr.ID)
+	} else {
+		delete(t.byID, t.order[t.next])
+		t.order[t.next] = tr.ID
+		t.next = (t.next + 1) % maxTruths
+	}
+	t.byID[tr.ID] = tr
+}
+
+// Truth returns the engine's record of the request whose X-Request-Id was
+// id (for a request sent without one: the id the sim generated, which is
+// the response id without its "chatcmpl-", "resp_"… prefix). The record is
+// written when the engine stops work on the request, so a request still
+// queued, prefilling or decoding is not found yet; requests answered with an
+// error before admission (X-Sim-Status, 429, bad bodies) are never recorded.
+// Safe for concurrent use. The last 16,384 requests are kept.
+func (s *Server) Truth(id string) (Truth, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tr, ok := s.truths.byID[id]
+	return tr, ok
+}
+
+// record stores the truth of j once the engine is done with it.
+func (s *Server) record(j *job, res *result, outcome Outcome) {
+	tr := Truth{
+		ID:               j.base,
+		Arrived:          j.arrived,
+		Admitted:         res.admitted,
+		FirstToken:       res.firstToken,
+		Finished:         res.finished,
+		PromptTokens:     res.promptTokens,
+		CachedTokens:     res.cachedTokens,
+		CompletionTokens: res.completionTokens,
+		Outcome:          outcome,
+	}
+	if tr.Finished.IsZero() {
+		tr.Finished = time.Now()
+	}
+	if tr.Admitted.IsZero() {
+		tr.Queue = tr.Finished.Sub(tr.Arrived)
+	} else {
+		tr.Queue = tr.Admitted.Sub(tr.Arrived)
+	}
+	if !tr.FirstToken.IsZero() {
+		tr.Prefill = tr.FirstToken.Sub(tr.Admitted)
+	}
+	s.mu.Lock()
+	s.truths.put(tr)
+	s.mu.Unlock()
+}

@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestOneSlotFIFOTruth runs a burst against a one-slot engine: each request
+// waits for the one before it, in arrival order, and the engine's truth says
+// exactly that, while nothing of it reaches the client.
+func TestOneSlotFIFOTruth(t *testing.T) {
+	cfg := fast()
+	cfg.Slots = 1
+	s, ts := start(t, cfg)
+	const prefill = 400 * time.Millisecond
+	ids := []string{"first", "second", "third"}
+	var wg sync.WaitGroup
+	bodies := make([]string, len(ids))
+	for i, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := post(t, context.Background(), ts.URL+"/v1/chat/completions",
+				chatBody(false, false, "max_tokens", 10), "X-Request-Id", id, "X-Sim-Prefill", prefill.String())
+			b, err := io.ReadAll(resp.Body)
+			if err == nil {
+				bodies[i] = string(b) + fmt.Sprint(resp.Header)
+			}
+		}()
+		// Arrival order is the order of the queue: wait until this one is in.
+		waitStats(t, s, func(st Stats) bool { return st.Active+st.Queued == i+1 })
+	}
+	wg.Wait()
+
+	var prev Truth
+	for i, id := range ids {
+		tr, ok := s.Truth(id)
+		require.True(t, ok, id)
+		require.Equal(t, OutcomeCompleted, tr.Outcome)
+		require.Equal(t, id, tr.ID)
+		require.Equal(t, 10, tr.CompletionTokens)
+		require.GreaterOrEqual(t, tr.Prefill, prefill)
+		require.Less(t, tr.Prefill, prefill+200*time.Millisecond)
+		require.Equal(t, tr.Admitted.Sub(tr.Arrived), tr.Queue)
+		if i == 0 {
+			require.Less(t, tr.Queue, 50*time.Millisecond, "the first request finds the slot free")
+		} else {
+			require.False(t, tr.Admitted.Before(prev.Finished), "%s got the slot before %s let it go", id, prev.ID)
+			require.Less(t, tr.Admitted.Sub(prev.Finished), 50*time.Millisecond, "the slot is handed over at once")
+			// It arrived while the one before it held or waited for the slot.
+			require.Greater(t, tr.Queue, prefill/2)
+		}
+		prev = tr
+	}
+	for _, b := range bodies {
+		require.NotEmpty(t, b)
+		for _, leak := range []string{"queue", "prefill", "Admitted", "truth"} {
+			require.NotContains(t, strings.ToLower(b), strings.ToLower(leak), "the truth never reaches the client")
+		}
+	}
+	_, ok := s.Truth("never-sent")
+	require.False(t, ok)
+}
+
+// TestTruthWithoutRequestID keys a request sent without X-Request-Id by the
+// id the sim generated, and records aborts with their partial work.
+func TestTruthWithoutRequestID(t *testing.T) {
+	s, ts := start(t, fast())
+	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", chatBody(false, false, "max_tokens", 3))
+	id := decodeBody[testChunk](t, resp).ID
+	tr, ok := s.Truth(strings.TrimPrefix(id, "chatcmpl-"))
+	require.True(t, ok, id)
+	require.Equal(t, 3, tr.CompletionTokens)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	post(t, ctx, ts.URL+"/v1/chat/completions", chatBody(true, false), "X-Request-Id", "left", "X-Sim-Prefill", "1h")
+	waitStats(t, s, func(st Stats) bool { return st.Active == 1 })
+	cancel()
+	require.Eventually(t, func() bool { _, ok := s.Truth("left"); return ok }, 5*time.Second, time.Millisecond)
+	tr, _ = s.Truth("left")
+	require.Equal(t, OutcomeAborted, tr.Outcome)
+	require.True(t, tr.FirstToken.IsZero(), "aborted in prefill")
+	require.Zero(t, tr.Prefill)
+	require.Zero(t, tr.CompletionTokens)
+}
+
+func TestTruthsBounded(t *testing.T) {
+	tr := newTruths()
+	for i := range maxTruths + 10 {
+		tr.put(Truth{ID: fmt.Sprint(i)})
+	}
+	require.Len(t, tr.byID, maxTruths)
+	_, ok := tr.byID["9"]
+	require.False(t, ok, "the oldest are forgotten first")
+	_, ok = tr.byID["10"]
+	require.True(t, ok)
+	_, ok = tr.byID[fmt.Sprint(maxTruths+9)]
+	require.True(t, ok)
+}
+
+// TestUnreportedCache: the engine reports no cached tokens on any protocol,
+// yet a repeated prompt skips its prefill, as ollama's does.
+func TestUnreportedCache(t *testing.T) {
+	prompt := strings.Repeat("a long system prompt that agents resend ", 400) // 16,000 bytes: 4,000 tokens
+	for _, tc := range []struct {
+		path string
+		body map[string]any
+		// absent must not appear in the body; present must.
+		absent, present []string
+	}{
+		{"/v1/chat/completions", map[string]any{"max_tokens": 2, "messages": []any{map[string]any{"role": "user", "content": prompt}}},
+			[]string{"cached_tokens", "prompt_tokens_details"}, []string{`"prompt_tokens":4001`}},
+		{"/v1/completions", map[string]any{"max_tokens": 2, "prompt": prompt},
+			[]string{"cached_tokens", "prompt_tokens_details"}, []string{`"prompt_tokens":4000`}},
+		{"/v1/responses", map[string]any{"max_output_tokens": 2, "input": prompt},
+			nil, []string{`"input_tokens":4001`, `"input_tokens_details":{"cached_tokens":0}`}},
+		{"/v1/messages", map[string]any{"max_tokens": 2, "messages": []any{map[string]any{"role": "user", "content": prompt}}},
+			[]string{"cache_read_input_tokens", "cache_creation_input_tokens"}, []string{`"input_tokens":4001`}},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			cfg := fast()
+			cfg.UnreportedCache = true
+			cfg.PrefillTokensPerSec = 10000 // 4,000 tokens: 400 ms cold
+			s, ts := start(t, cfg)
+			for i, id := range []string{"cold", "warm"} {
+				for _, stream := range []bool{false, true} {
+					body := maps(tc.body, "stream", stream)
+					if stream {
+						body["stream_options"] = map[string]any{"include_usage": true}
+					}
+					rid := fmt.Sprintf("%s-%v", id, stream)
+					sent := time.Now()
+					resp := post(t, context.Background(), ts.URL+tc.path, body, "X-Request-Id", rid)
+					require.Equal(t, http.StatusOK, resp.StatusCode)
+					b, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					took := time.Since(sent)
+					for _, a := range tc.absent {
+						require.NotContains(t, string(b), a)
+					}
+					for _, p := range tc.present {
+						require.Contains(t, string(b), p)
+					}
+					tr, ok := s.Truth(rid)
+					require.True(t, ok)
+					if i == 0 && !stream {
+						require.Zero(t, tr.CachedTokens)
+						require.GreaterOrEqual(t, tr.Prefill, 390*time.Millisecond)
+						require.GreaterOrEqual(t, took, 390*time.Millisecond)
+						continue
+					}
+					// Every later request repeats the prompt: the cache served
+					// all its full blocks and prefill took one engine step.
+					require.Equal(t, (tr.PromptTokens-1)/16*16, tr.CachedTokens, rid)
+					require.Less(t, tr.Prefill, 100*time.Millisecond, rid)
+					require.Less(t, took, 300*time.Millisecond, rid)
+				}
+			}
+			require.Positive(t, s.Stats().CachedTokens, "the engine's own counters keep the truth")
+		})
+	}
+}
+
+// maps returns a copy of m with extra key/value pairs set.
+func maps(m map[string]any, extra ...any) map[string]any {
+	out := make(map[string]any, len(m)+len(extra)/2)
+	for k, v := range m {
+		out[k] = v
+	}
+	for i := 0; i+1 < len(extra); i += 2 {
+		out[extra[i].(string)] = extra[i+1]
+	}
+	return out
+}
