@@ -109,6 +109,13 @@ func TestSplitModel(t *testing.T) {
 	got = r.Split(&cached)
 	require.InDelta(t, float64(ms2d(2500)), float64(got.Queue), float64(time.Microsecond))
 
+	// Record falls back to the model when the timeline cannot place the
+	// request: more requests overlapped it than the timeline keeps.
+	for range occRing {
+		f := chat()
+		f.Status = 500 // never learned from
+		r.Record(&f)
+	}
 	r.Record(&loaded)
 	rq := r.Recent(1)[0]
 	require.Equal(t, SourceModel, rq.QueueSource)

@@ -1,0 +1,220 @@
+package histo
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// The occupancy split (queue_source "occupancy", docs/queue-split.md):
+// when the proxy is the engine's front door it sees every request arrive
+// and end. On an engine that serves at most S requests at once, first come
+// first served, a request that arrived with n requests ahead of it began
+// prefill at once when n < S, and otherwise when the (n−S+1)-th of them
+// ended. S is learned from the same evidence.
+
+// Occupancy parameters.
+const (
+	// occRing is the number of recent requests kept to place the requests
+	// after them; occMaxAhead the most requests ahead of one that are
+	// looked at. Beyond either, the split falls back to the rate model.
+	occRing     = 1024
+	occMaxAhead = 256
+	// occSettle bounds how far Record order may lag release order (both
+	// happen on the request's goroutine, microseconds apart): the scan for
+	// the requests ahead stops at the first one released this long before
+	// the request was admitted.
+	occSettle = 50 * time.Millisecond
+	// endTolerance counts an end that the proxy saw this soon after a
+	// request's first output as before it: the engine may send one
+	// request's first token before the other's [DONE] is read.
+	endTolerance = 2 * time.Millisecond
+	// A request "waited for another's end" (tight) when it would otherwise
+	// have spent at least minWait in the engine before that end, and its
+	// first output followed the end within what its prefill can take:
+	// prefillSlack × the cold-rate estimate + slackTime, or, without an
+	// estimate, within tightGap and a quarter of the wait.
+	minWait      = 25 * time.Millisecond
+	prefillSlack = 1.5
+	slackTime    = 25 * time.Millisecond
+	tightGap     = 50 * time.Millisecond
+)
+
+// occEntry is one recorded request on the engine's timeline, in
+// nanoseconds since occupancy.epoch.
+type occEntry struct {
+	admit   int64 // passed the proxy's limiter (t_admit)
+	arrive  int64 // fully sent to the engine: its place in the engine's queue
+	end     int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
+	release int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
+}
+
+// placement is where a request stood on the engine's timeline.
+type placement struct {
+	ok        bool          // every request ahead was seen: the split can rest on occupancy
+	ahead     int           // requests in the engine when it arrived
+	queue     time.Duration // engine queue: arrival (after connect) to prefill start
+	streams   int           // lower bound on the engine's slots from this request
+	tight     bool          // its first output came right after another's end
+	slotsUsed int           // the slot count its queue was derived with
+}
+
+// occupancy is the engine's timeline as the proxy sees it: the recent
+// requests, and the slot count learned from them. It is safe for
+// concurrent use; its mutex is held for the scan of the requests that
+// overlapped one request (a few hundred nanoseconds).
+type occupancy struct {
+	mu    sync.Mutex
+	epoch time.Time
+	set   bool
+	ring  [occRing]occEntry // in Record order, newest at next−1
+	next  int
+	n     int
+	ends  [occMaxAhead]int64 // scratch: ends of the requests ahead
+	slots slotLearner
+}
+
+// rel is t in nanoseconds since the epoch; absent is -1 (never a real
+// offset: the epoch is the first request's t_recv).
+func (o *occupancy) rel(t time.Time) int64 {
+	if t.IsZero() {
+		return -1
+	}
+	return int64(t.Sub(o.epoch))
+}
+
+// entryOf is tr on the timeline; ok is false when tr never reached the
+// engine.
+func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
+	sent := tr.Sent
+	if sent.IsZero() {
+		return occEntry{}, false
+	}
+	// The engine lets a slot go with the last token; the end of the
+	// stream ([DONE], usage) is written after, and a successor's first
+	// token can beat it to the proxy.
+	e := occEntry{admit: o.rel(tr.Admit), arrive: o.rel(sent), end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
+	if e.end < 0 {
+		e.end = o.rel(tr.End)
+	}
+	if e.end < 0 {
+		e.end = e.release
+	}
+	if e.release < 0 {
+		e.release = e.end
+	}
+	if e.admit < 0 {
+		e.admit = e.arrive
+	}
+	return e, e.end >= 0
+}
+
+// place finds tr's queue from the requests ahead of it, learns from it,
+// and adds it to the timeline. est is tr's cold prefill estimate (ok
+// false when there is none). warn is set when the learned slot count
+// began to disagree with the hint.
+func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p placement, warn bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.set {
+		o.epoch, o.set = tr.Recv, true
+	}
+	e, onTimeline := o.entryOf(tr)
+	if !onTimeline {
+		return placement{}, false
+	}
+	defer o.push(e)
+	m, mAdmit, complete := o.scan(e)
+	if !complete || tr.FirstOutput.IsZero() {
+		return placement{ahead: m}, false
+	}
+	// Requests in flight at admission that are not recorded yet end after
+	// this one: they are ahead, and still there.
+	n := m + max(0, tr.InflightAtAdmit-mAdmit)
+	ends := o.ends[:m]
+	slices.Sort(ends)
+	fo := o.rel(tr.FirstOutput)
+	c := 0
+	for c < m && ends[c] < fo+int64(endTolerance) {
+		c++
+	}
+	p = placement{ok: true, ahead: n, streams: n - c + 1}
+	if c > 0 {
+		p.tight = tight(ends[c-1]-e.arrive, fo-ends[c-1], fo-e.arrive, est, haveEst)
+	}
+	if n > 0 && !tr.Failed() {
+		warn = o.slots.observe(p.streams, p.tight)
+	}
+	s := o.slots.effective()
+	if p.tight && p.streams < s && o.slots.state == SlotsHint {
+		// It waited for the c-th end with fewer in the engine than the
+		// hint allows: its own evidence against the hint, before the hint
+		// is set aside. A learned count is never lowered so: it is what
+		// ran at once.
+		s = max(p.streams, o.slots.learned())
+	}
+	s = max(s, p.streams) // it ran beside n−c others: the engine has at least that many slots
+	p.slotsUsed = s
+	if n >= s {
+		start := tr.Admit.Add(tr.Connect)
+		p.queue = max(0, time.Duration(ends[n-s]-o.rel(start)))
+	}
+	return p, warn
+}
+
+// tight reports whether a request waited for an end: it would have been
+// in the engine for wait before it, and its first output came gap after
+// it, free (its whole arrival-to-first-output time) being more than its
+// prefill can take. Cache hits only make prefill shorter, so an estimate
+// from the cold rate bounds it from above.
+func tight(wait, gap, free int64, est time.Duration, haveEst bool) bool {
+	if wait < int64(minWait) {
+		return false
+	}
+	gap = max(gap, 0)
+	if haveEst {
+		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
+		return free > bound && gap <= bound
+	}
+	return gap <= int64(tightGap) && 4*gap <= wait
+}
+
+// scan collects the ends of the recorded requests ahead of e into o.ends
+// and counts those in flight when e was admitted. complete is false when
+// the timeline may have lost one of them. The caller holds o.mu.
+func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
+	for i := range o.n {
+		x := &o.ring[(o.next-1-i+occRing)%occRing]
+		if x.release < e.admit-int64(occSettle) {
+			return m, mAdmit, true // older ones were released before e was admitted
+		}
+		if x.admit < e.admit && x.release > e.admit {
+			mAdmit++
+		}
+		if x.arrive < e.arrive && x.end > e.arrive {
+			if m == occMaxAhead {
+				return m, mAdmit, false
+			}
+			o.ends[m] = x.end
+			m++
+		}
+	}
+	return m, mAdmit, o.n < occRing
+}
+
+// push adds e to the timeline. The caller holds o.mu.
+func (o *occupancy) push(e occEntry) {
+	o.ring[o.next] = e
+	o.next = (o.next + 1) % occRing
+	o.n = min(o.n+1, occRing)
+}
+
+// Slots returns the engine's slot count as the split uses it and how it
+// was reached. Safe for concurrent use.
+func (r *Recorder) Slots() SlotsSection {
+	r.occ.mu.Lock()
+	defer r.occ.mu.Unlock()
+	return r.occ.slots.section()
+}
