@@ -24,6 +24,9 @@ const (
 // sources lists the sources in a fixed order, for arrays indexed by source.
 var sources = [...]QueueSource{SourceServer, SourceLimiter, SourceOccupancy, SourceModel, SourceNone}
 
+// QueueSources returns every queue source, best first.
+func QueueSources() []QueueSource { return append([]QueueSource(nil), sources[:]...) }
+
 func (s QueueSource) index() int {
 	for i, x := range sources {
 		if x == s {

@@ -90,7 +90,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
 	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
-	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 4, "the upstream engine's concurrent sequences; requests admitted below it teach the prefill-rate model")
+	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 0, "a hint of the upstream engine's concurrent sequences for the queue/prefill split; 0: learn it from observation (evidence overrides a hint, with a warning)")
 	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server base URL, http(s)://host:port[/prefix]; "sim" starts the simulated engine in-process on a loopback port`)
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error (one info line per request)")
 	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", 30*time.Second, "on SIGTERM/SIGINT, how long in-flight streams may take to finish; a second signal exits at once")
@@ -195,6 +195,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	hcfg.SLOs = f.slos
 	hcfg.Inflight = func() int64 { return st.proxy.Inflight() }
 	hcfg.RetryStats = func() retry.Stats { return st.proxy.Retries().Stats() }
+	hcfg.Log = log
 	st.reg = prometheus.NewRegistry()
 	st.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if st.rec, err = histo.New(hcfg, st.reg); err != nil {

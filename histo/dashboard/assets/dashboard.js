@@ -275,7 +275,7 @@
     const parts = [`${r.route} ${r.model || ""} status ${r.status}${r.failed ? " FAILED " + (r.error_kind || "") : ""}`,
       `queue ${fmtMs(r.queue_ms)} (${r.queue_source}) · prefill ${fmtMs(r.prefill_ms)} · ttfo ${fmtMs(r.time_to_first_output_ms)} · ttft ${fmtMs(r.ttft_ms)}`,
       `reasoning ${fmtMs(r.reasoning_ms)} · generation ${fmtMs(r.generation_ms)} · tpot ${fmtMs(r.tpot_ms)} · e2e ${fmtMs(r.e2e_ms)}`,
-      `prompt ${r.prompt_tokens} (cached ${r.cached_tokens}) · output ${r.output_tokens} (reasoning ${r.reasoning_tokens})`];
+      `prompt ${r.prompt_tokens} (cached: engine ${r.cached_tokens}, inferred ${r.cache_inferred_tokens}) · output ${r.output_tokens} (reasoning ${r.reasoning_tokens})`];
     if (known(r.retry_attempt) && r.retry_attempt > 0) parts.push(`retry attempt ${r.retry_attempt}`);
     return parts.join("\n");
   }
@@ -348,12 +348,21 @@
     let b = "";
     for (const f of [0, 0.5, 1]) b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f)}" y2="${Y(f)}"/><text x="${L - 4}" y="${Y(f) + 3}" text-anchor="end">${f * 100}%</text>`;
     b += `<text x="${L}" y="${H - 3}">${spanText(t - x0)}</text><text x="${W - R}" y="${H - 3}" text-anchor="end">now</text>`;
-    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0;
+    // The engine's word (dots) and the proxy's inference from prefill time
+    // (crosses) are kept apart, never summed: an engine that reports
+    // nothing has no engine figure, not 0%.
+    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0, inferred = 0, inferable = 0;
     for (const r of recs) {
       if (known(r.cached_tokens)) {
         cached += r.cached_tokens;
         prompt += r.prompt_tokens;
         b += `<circle class="dot-cache" cx="${X(r._fin).toFixed(1)}" cy="${Y(r.cached_tokens / r.prompt_tokens).toFixed(1)}" r="2.4"/>`;
+      }
+      if (known(r.cache_inferred_tokens)) {
+        inferred += r.cache_inferred_tokens;
+        inferable += r.prompt_tokens;
+        const x = X(r._fin), y = Y(r.cache_inferred_tokens / r.prompt_tokens);
+        b += `<path class="dot-inferred" d="M${(x - 2.5).toFixed(1)} ${(y - 2.5).toFixed(1)}l5 5m0 -5l-5 5"/>`;
       }
       if (known(r.prefix_reuse)) {
         reuseN++;
@@ -363,7 +372,9 @@
     }
     el.innerHTML = svg(W, H, b, "prefix cache hit per request over time");
     const reuse = reuseN ? `proxy-side prefix reuse ${pct(reuseSum / reuseN)} mean over ${reuseN} (squares)` : "prefix reuse n/a (the proxy reports none)";
-    note.textContent = `engine cache hit ${prompt ? pct(cached / prompt) : "–"} of ${fmtTok(prompt)} prompt tokens, ${spanText(t - x0).slice(1)} (dots) · ${reuse}`;
+    const engine = prompt ? `engine-reported cache hit ${pct(cached / prompt)} of ${fmtTok(prompt)} prompt tokens (dots)` : "engine-reported cache hit: not reported";
+    const guess = inferable ? `inferred from prefill time ${pct(inferred / inferable)} of ${fmtTok(inferable)} (crosses)` : "inferred: – (no cold prefill rate yet)";
+    note.textContent = `${engine} · ${guess}, ${spanText(t - x0).slice(1)} · ${reuse}`;
   }
 
   function kv(pairs) {
