@@ -1,7 +1,6 @@
 package histo
 
 import (
-	"slices"
 	"sync"
 	"time"
 
@@ -45,10 +44,11 @@ const (
 // occEntry is one recorded request on the engine's timeline, in
 // nanoseconds since occupancy.epoch.
 type occEntry struct {
-	admit   int64 // passed the proxy's limiter (t_admit)
-	arrive  int64 // fully sent to the engine: its place in the engine's queue
-	end     int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
-	release int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
+	occupies bool  // an inference request: it held a slot (other routes only count in flight)
+	admit    int64 // passed the proxy's limiter (t_admit)
+	arrive   int64 // fully sent to the engine: its place in the engine's queue
+	end      int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
+	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
 }
 
 // placement is where a request stood on the engine's timeline.
@@ -95,7 +95,7 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	// The engine lets a slot go with the last token; the end of the
 	// stream ([DONE], usage) is written after, and a successor's first
 	// token can beat it to the proxy.
-	e := occEntry{admit: o.rel(tr.Admit), arrive: o.rel(sent), end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
+	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(sent), end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
 	if e.end < 0 {
 		e.end = o.rel(tr.End)
 	}
@@ -134,7 +134,7 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	// this one: they are ahead, and still there.
 	n := m + max(0, tr.InflightAtAdmit-mAdmit)
 	ends := o.ends[:m]
-	slices.Sort(ends)
+	insertionSort(ends) // a handful, found newest first: nearly sorted descending
 	fo := o.rel(tr.FirstOutput)
 	c := 0
 	for c < m && ends[c] < fo+int64(endTolerance) {
@@ -181,6 +181,26 @@ func tight(wait, gap, free int64, est time.Duration, haveEst bool) bool {
 	return gap <= int64(tightGap) && 4*gap <= wait
 }
 
+// passing puts a request of a route without generation (/v1/models …) on
+// the timeline: it held no slot, but the proxy's in-flight count at a
+// later request's admission included it.
+func (o *occupancy) passing(tr *proxy.Trace) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.set {
+		o.epoch, o.set = tr.Recv, true
+	}
+	if tr.Admit.IsZero() {
+		return // refused before admission: never counted in flight
+	}
+	e := occEntry{admit: o.rel(tr.Admit), release: o.rel(tr.ClientDone)}
+	if e.release < 0 {
+		e.release = o.rel(tr.End)
+	}
+	e.arrive, e.end = e.admit, e.release
+	o.push(e)
+}
+
 // scan collects the ends of the recorded requests ahead of e into o.ends
 // and counts those in flight when e was admitted. complete is false when
 // the timeline may have lost one of them. The caller holds o.mu.
@@ -193,7 +213,7 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 		if x.admit < e.admit && x.release > e.admit {
 			mAdmit++
 		}
-		if x.arrive < e.arrive && x.end > e.arrive {
+		if x.occupies && x.arrive < e.arrive && x.end > e.arrive {
 			if m == occMaxAhead {
 				return m, mAdmit, false
 			}
@@ -217,4 +237,16 @@ func (r *Recorder) Slots() SlotsSection {
 	r.occ.mu.Lock()
 	defer r.occ.mu.Unlock()
 	return r.occ.slots.section()
+}
+
+// insertionSort sorts a few values ascending without the overhead of a
+// general sort.
+func insertionSort(a []int64) {
+	for i := 1; i < len(a); i++ {
+		x, j := a[i], i
+		for ; j > 0 && a[j-1] > x; j-- {
+			a[j] = a[j-1]
+		}
+		a[j] = x
+	}
 }

@@ -214,15 +214,17 @@ func inference(rt proxy.Route) bool {
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !inference(tr.Route) {
+		r.occ.passing(tr)
 		return
 	}
 	r.retry.observe(tr)
 	r.prefix.observe(&tr.Prefix)
 	r.ledger.observe(&tr.Prefix)
 	var rq Request
-	sp, place := r.split(tr)
+	rs := r.model.read()
+	sp, place := r.split(tr, rs)
 	newRequest(&rq, tr, sp)
-	rq.CacheInferredTokens = Count(r.inferCached(tr, sp))
+	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
 	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq, set)
 	if !rq.Failed {
@@ -232,7 +234,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	// Learn after splitting, so a request is never judged by its own
 	// sample. Idle: nothing was ahead of it in the engine.
 	idle := place.ok && place.ahead == 0 || !place.ok && tr.InflightAtAdmit == 0
-	r.model.learn(tr, idle)
+	r.model.learn(tr, idle, rs)
 }
 
 // warnSlots logs that the slot hint and the evidence disagree.

@@ -60,7 +60,7 @@ func (r *Recorder) Split(tr *proxy.Trace) Split {
 	if sp, done := reportedSplit(tr); done {
 		return sp
 	}
-	return r.modelSplit(tr)
+	return modelSplit(tr, r.model.read())
 }
 
 // reportedSplit is the split when the engine reported its queue or the
@@ -103,11 +103,11 @@ func engineSplit(tr *proxy.Trace, engineQueue time.Duration, source QueueSource)
 
 // modelSplit is the fallback: the engine queue is what the cold prefill
 // rate leaves of the time to first output.
-func (r *Recorder) modelSplit(tr *proxy.Trace) Split {
+func modelSplit(tr *proxy.Trace, rs rates) Split {
 	if _, ok := tr.TTFO(); !ok {
 		return noSplit
 	}
-	est, ok := r.model.estimate(tr, true)
+	est, ok := estimate(tr, rs, true)
 	if !ok {
 		return noSplit
 	}
@@ -120,8 +120,8 @@ func (r *Recorder) modelSplit(tr *proxy.Trace) Split {
 // occupancy of the engine's slots, else the rate model. It places tr on
 // the timeline (whatever its source, so that the requests after it see
 // it) and returns where it stood.
-func (r *Recorder) split(tr *proxy.Trace) (Split, placement) {
-	est, haveEst := r.model.estimate(tr, false)
+func (r *Recorder) split(tr *proxy.Trace, rs rates) (Split, placement) {
+	est, haveEst := estimate(tr, rs, false)
 	p, warn := r.occ.place(tr, est, haveEst)
 	if warn {
 		r.warnSlots()
@@ -132,7 +132,7 @@ func (r *Recorder) split(tr *proxy.Trace) (Split, placement) {
 	if p.ok {
 		return engineSplit(tr, p.queue, SourceOccupancy), p
 	}
-	return r.modelSplit(tr), p
+	return modelSplit(tr, rs), p
 }
 
 // uncachedTokens is the prompt tokens the engine had to prefill.
@@ -170,10 +170,11 @@ type rateModel struct {
 	n      int
 }
 
-// learn adds tr's prefill rate when tr found the engine idle (nothing
+// learn adds tr's prefill rate, judged against the rates rs read before
+// tr was split, when tr found the engine idle (nothing
 // ahead of it: prefill began at once, so TTFO − proxy queue − connect is
 // prefill plus one decode step) and its prompt was not served from cache.
-func (m *rateModel) learn(tr *proxy.Trace, idle bool) {
+func (m *rateModel) learn(tr *proxy.Trace, idle bool, rs rates) {
 	if !idle || tr.Failed() || !tr.UsageSeen {
 		return
 	}
@@ -191,38 +192,46 @@ func (m *rateModel) learn(tr *proxy.Trace, idle bool) {
 		return
 	}
 	x := float64(uncached) / base.Seconds()
-	if ref, ok := m.reference(); ok && x > hitFactor*ref {
+	if rs.any && x > hitFactor*rs.reference {
 		return
 	}
 	m.add(x)
 }
 
-// reference is the rate a sample is judged against: the median once
-// ready, before that the slowest sample (a cache hit is only ever faster).
-func (m *rateModel) reference() (float64, bool) {
-	if r, ok := m.rate(); ok {
-		return r, true
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.n == 0 {
-		return 0, false
-	}
-	return m.sorted[0], true
+// rates is the model read once per Record: the median (ok once ready)
+// and the reference rate a new sample is judged against (ok with any
+// sample).
+type rates struct {
+	median, reference float64
+	ready, any        bool
 }
 
-// estimate is the time tr's uncached prompt takes to prefill cold. With
-// ready, only a ready model answers (the split's fallback); otherwise any
-// sample does, the slowest standing for the rate until there are enough
-// (the occupancy split's bound on prefill).
-func (m *rateModel) estimate(tr *proxy.Trace, ready bool) (time.Duration, bool) {
+// read takes the model's rates under one lock.
+func (m *rateModel) read() rates {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var r rates
+	if m.n >= modelMinSamples {
+		r.median, r.ready = m.medianLocked(), true
+		r.reference, r.any = r.median, true
+	} else if m.n > 0 {
+		r.reference, r.any = m.sorted[0], true
+	}
+	return r
+}
+
+// estimate is the time tr's uncached prompt takes to prefill cold at the
+// model's rates rs. With ready, only a ready model answers (the split's
+// fallback); otherwise any sample does, the slowest standing for the rate
+// until there are enough (the occupancy split's bound on prefill).
+func estimate(tr *proxy.Trace, rs rates, ready bool) (time.Duration, bool) {
 	uncached, known := uncachedTokens(tr)
 	if !known {
 		return 0, false
 	}
-	rate, ok := m.rate()
+	rate, ok := rs.median, rs.ready
 	if !ready && !ok {
-		rate, ok = m.reference()
+		rate, ok = rs.reference, rs.any
 	}
 	if !ok || (!ready && uncached < modelMinTokens) {
 		return 0, false
@@ -253,14 +262,19 @@ func (m *rateModel) add(x float64) {
 func (m *rateModel) rate() (float64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := m.n
-	if n < modelMinSamples {
+	if m.n < modelMinSamples {
 		return 0, false
 	}
+	return m.medianLocked(), true
+}
+
+// medianLocked is the median of at least one sample; the caller holds m.mu.
+func (m *rateModel) medianLocked() float64 {
+	n := m.n
 	if n%2 == 1 {
-		return m.sorted[n/2], true
+		return m.sorted[n/2]
 	}
-	return (m.sorted[n/2-1] + m.sorted[n/2]) / 2, true
+	return (m.sorted[n/2-1] + m.sorted[n/2]) / 2
 }
 
 // samples returns the number of samples held.
@@ -279,19 +293,15 @@ func (r *Recorder) PrefillRate() (rate float64, samples int, ok bool) {
 	return rate, r.model.samples(), ok
 }
 
-// inferCached estimates the prompt tokens tr had from the engine's prefix
+// inferCached estimates, at the model's rates rs, the prompt tokens tr had from the engine's prefix
 // cache: the prompt minus what the cold rate prefills in the measured
 // prefill time. -1 when it cannot be estimated (no split, no prompt size,
 // too short a prompt, or too few cold samples). The first decode step is
 // in the prefill time, so the estimate errs toward "not cached".
-func (r *Recorder) inferCached(tr *proxy.Trace, sp Split) int64 {
-	if !sp.OK || sp.Source == SourceModel || tr.PromptTokens < modelMinTokens {
+func inferCached(tr *proxy.Trace, sp Split, rs rates) int64 {
+	if !sp.OK || sp.Source == SourceModel || tr.PromptTokens < modelMinTokens || !rs.ready {
 		return -1 // the model split assumes a cold prompt: it cannot also say what was cached
 	}
-	rate, ok := r.model.rate()
-	if !ok {
-		return -1
-	}
-	prefilled := int64(sp.Prefill.Seconds()*rate + 0.5)
+	prefilled := int64(sp.Prefill.Seconds()*rs.median + 0.5)
 	return min(max(tr.PromptTokens-prefilled, 0), tr.PromptTokens)
 }
