@@ -188,37 +188,39 @@ func TestQueueSourceLimiter(t *testing.T) {
 
 // TestQueueSourceOccupancy: without engine timing or a limiter, the
 // engine's slots as the proxy saw them fill and free split a queued
-// request's TTFO; an idle request queued 0, known, not guessed. The sim's
-// llama.cpp timings give the true prefill.
+// request's TTFO; an idle request queued 0, known, not guessed. The
+// engine's own record of each request (sim.Truth) is the reference.
 func TestQueueSourceOccupancy(t *testing.T) {
-	up := simUpstream(t, sim.Config{Slots: 1, PrefillTokensPerSec: 40000, DecodeTokensPerSec: 2000, Timings: sim.TimingLlamaCpp})
-	s := newStack(t, up, proxy.Config{}, histo.Config{})
+	cfg := sim.Config{Slots: 1, PrefillTokensPerSec: 40000, DecodeTokensPerSec: 2000, ExactLength: true}
+	engine, err := sim.New(cfg)
+	require.NoError(t, err)
+	hs := httptest.NewServer(engine)
+	t.Cleanup(hs.Close)
+	s := newStack(t, hs.URL, proxy.Config{}, histo.Config{})
 	long := func(i int) string { return fmt.Sprintf("%d %s", i, strings.Repeat("token ", 700)) } // ~1000 tokens, 25 ms
-	s.post(t, chatBody(long(0), 4))
+	s.post(t, chatBody(long(0), 4), "X-Request-Id", "first")
 	first := s.last(t, 1)
 	require.Equal(t, histo.SourceOccupancy, first.QueueSource)
 	require.Equal(t, histo.Span(0), first.Queue, "nothing was ahead of it")
-	for i := 1; i <= 8; i++ {
-		s.post(t, chatBody(long(i), 4))
-	}
-	rate, n, ok := s.rec.PrefillRate()
-	require.True(t, ok)
-	require.GreaterOrEqual(t, n, 8)
-	require.InDelta(t, 40000, rate, 40000*0.3)
 
 	var wg sync.WaitGroup
 	for i := 0; i < 2; i++ {
 		wg.Add(1)
-		go func() { defer wg.Done(); s.post(t, chatBody(long(100+i), 100)) }()
+		go func() {
+			defer wg.Done()
+			s.post(t, chatBody(long(100+i), 100+i), "X-Request-Id", fmt.Sprint("burst-", i))
+		}()
 		time.Sleep(5 * time.Millisecond)
 	}
 	wg.Wait()
 	queued := s.rec.Recent(1)[0] // the last to finish
+	require.Equal(t, histo.Count(101), queued.OutputTokens)
+	truth, ok := engine.Truth("burst-1")
+	require.True(t, ok)
+	require.Greater(t, truth.Queue, 30*time.Millisecond, "it waited for the first")
 	require.Equal(t, histo.SourceOccupancy, queued.QueueSource)
-	// Truth: the engine queue is the first request's service time, ~75 ms
-	// (25 ms prefill + 50 ms decode), minus the 5 ms head start.
-	require.InDelta(t, 70, queued.Queue.Millis(), 25)
-	require.InDelta(t, 25, queued.Prefill.Millis(), 10)
+	require.InDelta(t, float64(truth.Queue), float64(queued.Queue), float64(10*time.Millisecond))
+	require.InDelta(t, float64(truth.Prefill), float64(queued.Prefill), float64(10*time.Millisecond))
 }
 
 // TestLabelFloodBounded: 10,000 distinct model names keep the series bounded.

@@ -2,6 +2,7 @@ package histo
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,12 +23,35 @@ type routeModel struct {
 }
 
 // observers are the per-request histograms' children for one route and
-// model, resolved once so that Record does not hash labels.
+// model. Each is resolved on its first observation, so that only series
+// with data are exported (a route and model that never saw a server-timed
+// request has no queue{source="server"} series), and once, so that Record
+// does not hash labels.
 type observers struct {
-	ttfo, ttft, prefill, reasoning, generation, tpot, e2e prometheus.Observer
-	decodeRate, prefillRate                               prometheus.Observer
-	queue                                                 [len(sources)]prometheus.Observer // none is never observed
-	connect                                               [2]prometheus.Observer            // warm, cold
+	ttfo, ttft, prefill, reasoning, generation, tpot, e2e lazyObserver
+	decodeRate, prefillRate                               lazyObserver
+	queue                                                 [len(sources)]lazyObserver // none is never observed
+	connect                                               [2]lazyObserver            // warm, cold
+}
+
+// lazyObserver is one child of vec with labels, resolved on first use.
+// Safe for concurrent use: two first observations may both resolve it, to
+// the same child.
+type lazyObserver struct {
+	vec    *prometheus.HistogramVec
+	labels []string
+	child  atomic.Pointer[observerBox]
+}
+
+type observerBox struct{ o prometheus.Observer }
+
+func (l *lazyObserver) Observe(v float64) {
+	b := l.child.Load()
+	if b == nil {
+		b = &observerBox{l.vec.WithLabelValues(l.labels...)}
+		l.child.Store(b)
+	}
+	b.o.Observe(v)
 }
 
 // labeledSets caches observers by route and model. A read takes the read
@@ -72,21 +96,24 @@ func (m *metrics) labeled(route proxy.Route, model string) *observers {
 }
 
 func (m *metrics) newObservers(route, model string) *observers {
-	o := &observers{
-		ttfo: m.ttfo.WithLabelValues(route, model), ttft: m.ttft.WithLabelValues(route, model),
-		prefill: m.prefill.WithLabelValues(route, model), reasoning: m.reasoning.WithLabelValues(route, model),
-		generation: m.generation.WithLabelValues(route, model), tpot: m.tpot.WithLabelValues(route, model),
-		e2e: m.e2e.WithLabelValues(route, model), decodeRate: m.decodeRate.WithLabelValues(route, model),
-		prefillRate: m.prefillRate.WithLabelValues(route, model),
+	rm := []string{route, model}
+	o := &observers{}
+	for _, x := range []struct {
+		l   *lazyObserver
+		vec *prometheus.HistogramVec
+	}{
+		{&o.ttfo, m.ttfo}, {&o.ttft, m.ttft}, {&o.prefill, m.prefill}, {&o.reasoning, m.reasoning},
+		{&o.generation, m.generation}, {&o.tpot, m.tpot}, {&o.e2e, m.e2e},
+		{&o.decodeRate, m.decodeRate}, {&o.prefillRate, m.prefillRate},
+	} {
+		x.l.vec, x.l.labels = x.vec, rm
 	}
 	for i, s := range sources {
-		if s == SourceNone {
-			o.queue[i] = noObserver{}
-			continue
-		}
-		o.queue[i] = m.queue.WithLabelValues(string(s), route, model)
+		o.queue[i].vec, o.queue[i].labels = m.queue, []string{string(s), route, model}
 	}
-	o.connect[0], o.connect[1] = m.connect.WithLabelValues("false", route, model), m.connect.WithLabelValues("true", route, model)
+	for i, cold := range []string{"false", "true"} {
+		o.connect[i].vec, o.connect[i].labels = m.connect, []string{cold, route, model}
+	}
 	return o
 }
 
@@ -96,25 +123,27 @@ func (m *metrics) newObservers(route, model string) *observers {
 // timing and metadata but are excluded from performance distributions");
 // they are counted by code and error.
 func (o *observers) observe(rq *Request) {
-	obs := func(x prometheus.Observer, s Span) {
+	obs := func(x *lazyObserver, s Span) {
 		if s.Known() {
 			x.Observe(time.Duration(s).Seconds())
 		}
 	}
-	obs(o.ttfo, rq.TTFO)
-	obs(o.ttft, rq.TTFT)
-	obs(o.queue[rq.QueueSource.index()], rq.Queue)
-	obs(o.prefill, rq.Prefill)
-	obs(o.reasoning, rq.Reasoning)
-	obs(o.generation, rq.Generation)
-	obs(o.tpot, rq.TPOT)
-	obs(o.e2e, rq.E2E)
-	obs(o.connect[b2i(rq.Cold)], rq.Connect)
-	rate := func(x prometheus.Observer, f Float) {
+	obs(&o.ttfo, rq.TTFO)
+	obs(&o.ttft, rq.TTFT)
+	if rq.QueueSource != SourceNone {
+		obs(&o.queue[rq.QueueSource.index()], rq.Queue)
+	}
+	obs(&o.prefill, rq.Prefill)
+	obs(&o.reasoning, rq.Reasoning)
+	obs(&o.generation, rq.Generation)
+	obs(&o.tpot, rq.TPOT)
+	obs(&o.e2e, rq.E2E)
+	obs(&o.connect[b2i(rq.Cold)], rq.Connect)
+	rate := func(x *lazyObserver, f Float) {
 		if f.Known() {
 			x.Observe(float64(f))
 		}
 	}
-	rate(o.decodeRate, rq.DecodeRate)
-	rate(o.prefillRate, rq.PrefillRate)
+	rate(&o.decodeRate, rq.DecodeRate)
+	rate(&o.prefillRate, rq.PrefillRate)
 }

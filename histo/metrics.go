@@ -207,7 +207,3 @@ func b2i(b bool) int {
 	}
 	return 0
 }
-
-type noObserver struct{}
-
-func (noObserver) Observe(float64) {}

@@ -29,7 +29,20 @@ const (
 	// endTolerance counts an end that the proxy saw this soon after a
 	// request's first output as before it: the engine may send one
 	// request's first token before the other's [DONE] is read.
-	endTolerance = 2 * time.Millisecond
+	endTolerance = 5 * time.Millisecond
+	// orderWindow: two requests the proxy sent this close together may
+	// reach the engine in either order (the engine's goroutines and
+	// sockets, not the proxy's stamps, decide); on a one-slot engine the
+	// one whose first output came first was ahead.
+	orderWindow = 10 * time.Millisecond
+	// overlapTolerance: a request counts as running beside another only
+	// when it ran on this long past the other's first output, so that a
+	// slot handed over while the proxy's reader of the first stream was
+	// descheduled (tens of milliseconds on a starved host) never looks
+	// like two slots. Real neighbours overlap for whole generations.
+	overlapTolerance = 25 * time.Millisecond
+	// sweepMax bounds the requests the concurrency sweep looks at.
+	sweepMax = 64
 	// A request "waited for another's end" (tight) when it would otherwise
 	// have spent at least minWait in the engine before that end, and its
 	// first output followed the end within what its prefill can take:
@@ -46,19 +59,26 @@ const (
 type occEntry struct {
 	occupies bool  // an inference request: it held a slot (other routes only count in flight)
 	admit    int64 // passed the proxy's limiter (t_admit)
-	arrive   int64 // fully sent to the engine: its place in the engine's queue
+	arrive   int64 // its upstream connection was ready (t_admit + connect): its place in the engine's queue
+	first    int64 // its first output (-1: none): it held a slot from then on
 	end      int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
 	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
 }
 
 // placement is where a request stood on the engine's timeline.
 type placement struct {
-	ok        bool          // every request ahead was seen: the split can rest on occupancy
-	ahead     int           // requests in the engine when it arrived
-	queue     time.Duration // engine queue: arrival (after connect) to prefill start
-	streams   int           // lower bound on the engine's slots from this request
-	tight     bool          // its first output came right after another's end
-	slotsUsed int           // the slot count its queue was derived with
+	ok    bool          // every request ahead was seen: the split can rest on occupancy
+	ahead int           // requests in the engine when it arrived
+	queue time.Duration // engine queue: arrival (after connect) to prefill start
+	// streams is a hard lower bound on the engine's slots: the most
+	// recorded requests seen producing output at one instant with it,
+	// itself included. inEngine counts the requests ahead that had not
+	// ended by its first output, and itself, the unrecorded ones
+	// included; it can overcount (requests sent together may reach the
+	// engine in the other order), so it only ever argues against a hint.
+	streams, inEngine int
+	tight             bool // its first output came right after another's end
+	slotsUsed         int  // the slot count its queue was derived with
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -73,6 +93,8 @@ type occupancy struct {
 	next  int
 	n     int
 	ends  [occMaxAhead]int64 // scratch: ends of the requests ahead
+	runs  [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
+	nRuns int
 	slots slotLearner
 }
 
@@ -88,14 +110,19 @@ func (o *occupancy) rel(t time.Time) int64 {
 // entryOf is tr on the timeline; ok is false when tr never reached the
 // engine.
 func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
-	sent := tr.Sent
-	if sent.IsZero() {
-		return occEntry{}, false
+	if tr.Sent.IsZero() || tr.Admit.IsZero() {
+		return occEntry{}, false // it never reached the engine
 	}
 	// The engine lets a slot go with the last token; the end of the
 	// stream ([DONE], usage) is written after, and a successor's first
 	// token can beat it to the proxy.
-	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(sent), end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
+	// The queue order is taken from t_admit + connect, not t_sent:
+	// t_sent is stamped after the write returns, so a reader descheduled
+	// there stamps it late although the engine already has the request
+	// (a later request then looks ahead of it); a stamp taken before the
+	// write can only be late if the write is late too.
+	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(tr.Admit.Add(tr.Connect)), first: o.rel(tr.FirstOutput),
+		end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
 	if e.end < 0 {
 		e.end = o.rel(tr.End)
 	}
@@ -104,9 +131,6 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	}
 	if e.release < 0 {
 		e.release = e.end
-	}
-	if e.admit < 0 {
-		e.admit = e.arrive
 	}
 	return e, e.end >= 0
 }
@@ -127,7 +151,7 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	}
 	defer o.push(e)
 	m, mAdmit, complete := o.scan(e)
-	if !complete || tr.FirstOutput.IsZero() {
+	if !complete || e.first < 0 {
 		return placement{ahead: m}, false
 	}
 	// Requests in flight at admission that are not recorded yet end after
@@ -135,33 +159,67 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	n := m + max(0, tr.InflightAtAdmit-mAdmit)
 	ends := o.ends[:m]
 	insertionSort(ends) // a handful, found newest first: nearly sorted descending
-	fo := o.rel(tr.FirstOutput)
 	c := 0
-	for c < m && ends[c] < fo+int64(endTolerance) {
+	for c < m && ends[c] < e.first+int64(endTolerance) {
 		c++
 	}
-	p = placement{ok: true, ahead: n, streams: n - c + 1}
+	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: o.sweep(e)}
 	if c > 0 {
-		p.tight = tight(ends[c-1]-e.arrive, fo-ends[c-1], fo-e.arrive, est, haveEst)
+		p.tight = tight(ends[c-1]-e.arrive, e.first-ends[c-1], e.first-e.arrive, est, haveEst)
 	}
 	if n > 0 && !tr.Failed() {
-		warn = o.slots.observe(p.streams, p.tight)
+		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
 	}
 	s := o.slots.effective()
-	if p.tight && p.streams < s && o.slots.state == SlotsHint {
+	if p.tight && p.inEngine < s && o.slots.state == SlotsHint {
 		// It waited for the c-th end with fewer in the engine than the
 		// hint allows: its own evidence against the hint, before the hint
 		// is set aside. A learned count is never lowered so: it is what
 		// ran at once.
-		s = max(p.streams, o.slots.learned())
+		s = max(p.inEngine, o.slots.learned())
 	}
-	s = max(s, p.streams) // it ran beside n−c others: the engine has at least that many slots
+	s = max(s, p.streams) // it ran beside streams−1 others: the engine has at least that many slots
 	p.slotsUsed = s
-	if n >= s {
+
+	// With s slots it began when the (n−s+1)-th request ahead ended; if
+	// fewer than that ended before its first output, fewer were ahead
+	// than counted, and the latest end before it is the one it waited for.
+	if n >= s && c > 0 {
+		k := min(n-s, c-1)
 		start := tr.Admit.Add(tr.Connect)
-		p.queue = max(0, time.Duration(ends[n-s]-o.rel(start)))
+		p.queue = max(0, time.Duration(ends[k]-o.rel(start)))
 	}
 	return p, warn
+}
+
+// sweep is the most requests seen producing output at one instant of e's
+// own output, e included: at e's first output and at each later first
+// output of a request that ran beside it. It reads the entries the last
+// scan collected. The caller holds o.mu.
+func (o *occupancy) sweep(e occEntry) int {
+	firsts, ends := o.runs[0][:o.nRuns], o.runs[1][:o.nRuns]
+	insertionSort(firsts)
+	insertionSort(ends)
+	running, i, j := 0, 0, 0
+	for i < len(firsts) && firsts[i] <= e.first {
+		i++
+		running++
+	}
+	for j < len(ends) && ends[j] <= e.first+int64(overlapTolerance) {
+		j++
+		running--
+	}
+	best := running
+	for ; i < len(firsts); i++ {
+		t := firsts[i]
+		for j < len(ends) && ends[j] <= t+int64(overlapTolerance) {
+			j++
+			running--
+		}
+		running++
+		best = max(best, running)
+	}
+	return best + 1
 }
 
 // tight reports whether a request waited for an end: it would have been
@@ -193,7 +251,7 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 	if tr.Admit.IsZero() {
 		return // refused before admission: never counted in flight
 	}
-	e := occEntry{admit: o.rel(tr.Admit), release: o.rel(tr.ClientDone)}
+	e := occEntry{admit: o.rel(tr.Admit), first: -1, release: o.rel(tr.ClientDone)}
 	if e.release < 0 {
 		e.release = o.rel(tr.End)
 	}
@@ -205,6 +263,8 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 // and counts those in flight when e was admitted. complete is false when
 // the timeline may have lost one of them. The caller holds o.mu.
 func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
+	o.nRuns = 0
+	oneSlot := o.slots.effective() == 1
 	for i := range o.n {
 		x := &o.ring[(o.next-1-i+occRing)%occRing]
 		if x.release < e.admit-int64(occSettle) {
@@ -213,15 +273,38 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 		if x.admit < e.admit && x.release > e.admit {
 			mAdmit++
 		}
-		if x.occupies && x.arrive < e.arrive && x.end > e.arrive {
+		if !x.occupies {
+			continue
+		}
+		if ahead(x, &e, oneSlot) {
 			if m == occMaxAhead {
 				return m, mAdmit, false
 			}
 			o.ends[m] = x.end
 			m++
 		}
+		// It produced output while e did: evidence of slots side by side.
+		if x.first >= 0 && e.first >= 0 && x.first <= e.end && x.end > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
+			o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.end
+			o.nRuns++
+		}
 	}
 	return m, mAdmit, o.n < occRing
+}
+
+// ahead reports whether x was ahead of e in the engine's queue and still
+// there when e arrived: sent first, or, on a one-slot engine, sent within
+// orderWindow of e with its first output first (one slot serves in
+// order, so the first output tells the order; with more slots a shorter
+// prefill can overtake, and the proxy's send order is the better guess).
+func ahead(x, e *occEntry, oneSlot bool) bool {
+	if x.end <= e.arrive {
+		return false
+	}
+	if d := x.arrive - e.arrive; oneSlot && d > -int64(orderWindow) && d < int64(orderWindow) && x.first >= 0 && e.first >= 0 {
+		return x.first < e.first
+	}
+	return x.arrive < e.arrive
 }
 
 // push adds e to the timeline. The caller holds o.mu.
@@ -250,3 +333,4 @@ func insertionSort(a []int64) {
 		a[j] = x
 	}
 }
+

@@ -78,7 +78,7 @@ func TestOccupancyUnrecordedAhead(t *testing.T) {
 	r.Record(&x)
 	rq := r.Recent(1)[0]
 	require.Equal(t, Span(ms2d(98)), rq.Queue)
-	require.Equal(t, 2, r.Slots().Effective, "x ran beside the long one")
+	require.Equal(t, 1, r.Slots().Effective, "a request not recorded yet is no proof of a second slot")
 }
 
 // TestOccupancyOtherRoutes: a /v1/models request in flight when a
@@ -168,10 +168,10 @@ func TestOccupancyHintKept(t *testing.T) {
 func TestSlotLearnerWindow(t *testing.T) {
 	l := newSlotLearner(0)
 	require.Equal(t, 1, l.effective(), "nothing learned: 1")
-	l.observe(5, false)
+	l.observe(5, 5, false)
 	require.Equal(t, 5, l.effective())
 	for range slotWindow {
-		l.observe(2, false)
+		l.observe(2, 2, false)
 	}
 	require.Equal(t, 2, l.effective(), "the old evidence slid out")
 	require.Equal(t, SlotsLearned, l.section().State)

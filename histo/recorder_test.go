@@ -241,8 +241,9 @@ func TestMetricNamesAndTypes(t *testing.T) {
 		RetryStats: func() retry.Stats { return retry.Stats{Amplification: 1.5} },
 	})
 	tr := chat()
+	r.Record(&tr) // so that the histograms, whose children appear with data, appear
 	tr.ErrSide, tr.ErrKind = proxy.SideClient, proxy.ErrClientGone
-	r.Record(&tr) // so that the vectors without pre-resolved children appear
+	r.Record(&tr)
 	r.ObserveGap(time.Millisecond)
 	r.ObserveRelay(time.Microsecond)
 

@@ -40,10 +40,11 @@ type slotLearner struct {
 	hint    int
 	streams [slotWindow]uint16 // lower bounds, oldest at next once full
 	waited  [slotWindow]bool   // the request waited for an end (tight)
+	below   [slotWindow]bool   // … with fewer in the engine than the hint
 	next, n int
 	counts  [maxSlots + 1]int32 // lower bounds in the window, by value
 	top     int                 // no count above it is non-zero
-	below   int                 // waited with fewer streams than the hint
+	nBelow  int                 // waited with fewer in the engine than the hint
 	tight   int                 // waited, any count
 	state   string              // last reported state
 }
@@ -56,31 +57,34 @@ func newSlotLearner(hint int) slotLearner {
 	return l
 }
 
-// observe adds one request's evidence; it reports whether the state has
-// just turned to a disagreement with the hint.
-func (l *slotLearner) observe(streams int, waited bool) bool {
+// observe adds one request's evidence: streams, a hard lower bound on the
+// slots, and, when it waited for another's end, inEngine, the requests in
+// the engine then; it reports whether the state has just turned to a
+// disagreement with the hint.
+func (l *slotLearner) observe(streams, inEngine int, waited bool) bool {
 	streams = min(max(streams, 1), maxSlots)
 	if l.n == slotWindow {
 		old := int(l.streams[l.next])
 		l.counts[old]--
 		if l.waited[l.next] {
 			l.tight--
-			if old < l.hint {
-				l.below--
-			}
+		}
+		if l.below[l.next] {
+			l.nBelow--
 		}
 		l.n--
 	}
-	l.streams[l.next], l.waited[l.next] = uint16(streams), waited
+	below := waited && inEngine < l.hint
+	l.streams[l.next], l.waited[l.next], l.below[l.next] = uint16(streams), waited, below
 	l.next = (l.next + 1) % slotWindow
 	l.n++
 	l.counts[streams]++
 	l.top = max(l.top, streams)
 	if waited {
 		l.tight++
-		if streams < l.hint {
-			l.below++
-		}
+	}
+	if below {
+		l.nBelow++
 	}
 	st := l.stateNow()
 	changed := st != l.state && (st == SlotsHintLow || st == SlotsHintHigh)
@@ -106,7 +110,7 @@ func (l *slotLearner) stateNow() string {
 		return SlotsLearned
 	case lrn > l.hint:
 		return SlotsHintLow
-	case l.below >= hintRefuted:
+	case l.nBelow >= hintRefuted:
 		return SlotsHintHigh
 	}
 	return SlotsHint
