@@ -333,4 +333,3 @@ func insertionSort(a []int64) {
 		a[j] = x
 	}
 }
-
