@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"sort"
 	"sync"
 	"time"
 
@@ -41,6 +42,12 @@ const (
 	// descheduled (tens of milliseconds on a starved host) never looks
 	// like two slots. Real neighbours overlap for whole generations.
 	overlapTolerance = 25 * time.Millisecond
+	// tailMargin: a request released (its last byte written to its
+	// client) this long after another's first output is not looked at as
+	// ahead of it. Its slot went with its last token, and the time from
+	// there to the client's last byte is the client's: a second covers a
+	// slow reader.
+	tailMargin = time.Second
 	// sweepMax bounds the requests the concurrency sweep looks at.
 	sweepMax = 64
 	// A request "waited for another's end" (tight) when it would otherwise
@@ -260,13 +267,31 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 }
 
 // scan collects the ends of the recorded requests ahead of e into o.ends
-// and counts those in flight when e was admitted. complete is false when
-// the timeline may have lost one of them. The caller holds o.mu.
+// and counts those in flight when e was admitted; it also collects the
+// requests that produced output while e did, for sweep. complete is false
+// when the timeline may have lost one of the requests ahead. The caller
+// holds o.mu.
+//
+// The ring is in Record order, which follows release order within
+// occSettle. Requests released tailMargin after e's first output can be neither
+// ahead-and-ended-before-it nor, for the accounting, different from a
+// request not recorded yet (both are in flight at e's admission and still
+// there at its first output), so a binary search skips them: a long
+// generation during which thousands of others finished costs a few steps,
+// not a scan of them all. Only the newest sweepMax of them are looked at,
+// as evidence of slots side by side.
 func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 	o.nRuns = 0
+	if o.n == occRing && o.at(o.n-1).release >= e.admit-int64(occSettle) {
+		return 0, 0, false // the timeline does not reach back to e's admission
+	}
 	oneSlot := o.slots.effective() == 1
-	for i := range o.n {
-		x := &o.ring[(o.next-1-i+occRing)%occRing]
+	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= e.first+int64(tailMargin) })
+	for i := range min(later, sweepMax) {
+		o.overlap(o.at(i), &e)
+	}
+	for i := later; i < o.n; i++ {
+		x := o.at(i)
 		if x.release < e.admit-int64(occSettle) {
 			return m, mAdmit, true // older ones were released before e was admitted
 		}
@@ -283,13 +308,22 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 			o.ends[m] = x.end
 			m++
 		}
-		// It produced output while e did: evidence of slots side by side.
-		if x.first >= 0 && e.first >= 0 && x.first <= e.end && x.end > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
-			o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.end
-			o.nRuns++
-		}
+		o.overlap(x, &e)
 	}
-	return m, mAdmit, o.n < occRing
+	// Entries skipped as later are in flight at e's admission exactly
+	// when they would have counted in mAdmit: leaving both out keeps n.
+	return m, mAdmit, true
+}
+
+// at is the i-th newest entry. The caller holds o.mu.
+func (o *occupancy) at(i int) *occEntry { return &o.ring[(o.next-1-i+occRing)%occRing] }
+
+// overlap collects x for sweep when it produced output while e did.
+func (o *occupancy) overlap(x, e *occEntry) {
+	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.end && x.end > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
+		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.end
+		o.nRuns++
+	}
 }
 
 // ahead reports whether x was ahead of e in the engine's queue and still
