@@ -20,7 +20,7 @@ const (
 	// occRing is the number of recent requests kept to place the requests
 	// after them; occMaxAhead the most requests ahead of one that are
 	// looked at. Beyond either, the split falls back to the rate model.
-	occRing     = 1024
+	occRing     = 4096
 	occMaxAhead = 256
 	// occSettle bounds how far Record order may lag release order (both
 	// happen on the request's goroutine, microseconds apart): the scan for

@@ -2,6 +2,7 @@ package histo
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -79,6 +80,25 @@ func TestOccupancyUnrecordedAhead(t *testing.T) {
 	rq := r.Recent(1)[0]
 	require.Equal(t, Span(ms2d(98)), rq.Queue)
 	require.Equal(t, 1, r.Slots().Effective, "a request not recorded yet is no proof of a second slot")
+}
+
+// TestOccupancyLongGeneration: thousands of requests that finished while
+// one long generation ran do not push the requests ahead of it off the
+// timeline.
+func TestOccupancyLongGeneration(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	a := served(0, 100, 300, 0)
+	r.Record(&a)
+	long := served(1, 400, 600_000, 1) // waited for a; then ten minutes of output
+	for i := range 3000 {              // answered 503 at once: they never ran beside it
+		x := served(float64(2000+i*100), float64(2010+i*100), float64(2050+i*100), 1)
+		x.Status, x.FirstOutput, x.FirstContent, x.LastToken = 503, time.Time{}, time.Time{}, time.Time{}
+		r.Record(&x)
+	}
+	r.Record(&long)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(ms2d(299)), rq.Queue)
 }
 
 // TestOccupancyOtherRoutes: a /v1/models request in flight when a
