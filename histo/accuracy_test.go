@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
@@ -235,8 +236,17 @@ func TestQueueAccuracyFIFO(t *testing.T) {
 			t.Logf("largest queue error: %v", worst)
 			slots := s.rec.Slots()
 			require.Equal(t, tc.slots, slots.Effective, "the slot count the split ends up with: %+v", slots)
+			doc, err := snapshot.Build(s.rec.Current(), snapshot.PrefillModel{})
+			require.NoError(t, err)
+			var inDoc histo.SlotsSection
+			require.NoError(t, json.Unmarshal(doc.Anvilproxy.EngineSlots, &inDoc))
+			require.Equal(t, slots, inDoc)
+			note := "the --engine-slots hint disagreed with what the proxy observed"
 			if tc.hint != 0 && tc.hint != tc.slots {
 				require.Contains(t, []string{histo.SlotsHintLow, histo.SlotsHintHigh}, slots.State)
+				require.True(t, hasNote(doc, note), "%v", doc.Anvilproxy.Notes)
+			} else {
+				require.False(t, hasNote(doc, note), "%v", doc.Anvilproxy.Notes)
 			}
 		})
 	}
@@ -273,6 +283,31 @@ func TestInferredCacheHits(t *testing.T) {
 	require.True(t, math.IsNaN(float64(w.Cache.EngineReported.Ratio)), "nothing reported is no data, not 0%")
 	require.Equal(t, int64(2), w.Cache.Inferred.Requests, "the cold samples came before the rate was ready")
 	require.Equal(t, int64(repeat.CacheInferredTokens+first.CacheInferredTokens), w.Cache.Inferred.CachedTokens)
+
+	// The snapshot keeps the two apart and says why one is empty.
+	doc, err := snapshot.Build(w, snapshot.PrefillModel{})
+	require.NoError(t, err)
+	var ext map[string]any
+	b, err := json.Marshal(doc.Anvilproxy)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(b, &ext))
+	cache := ext["cache"].(map[string]any)
+	require.Nil(t, cache["engine_reported"].(map[string]any)["ratio"], "no data, not 0")
+	require.InDelta(t, float64(w.Cache.Inferred.Ratio), cache["inferred"].(map[string]any)["ratio"], 1e-9)
+	require.True(t, hasNote(doc, "the engine reported no cached prompt tokens"), "%v", doc.Anvilproxy.Notes)
+	var table strings.Builder
+	require.NoError(t, snapshot.WriteTable(&table, doc))
+	require.Contains(t, table.String(), "cache hit   engine-reported not reported; inferred from prefill time")
+}
+
+// hasNote reports whether doc carries a note starting with prefix.
+func hasNote(doc *snapshot.Document, prefix string) bool {
+	for _, n := range doc.Anvilproxy.Notes {
+		if strings.HasPrefix(n, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestColdRateSurvivesCacheHits: the cold prefill rate learns from cold

@@ -85,7 +85,6 @@ type placement struct {
 	// engine in the other order), so it only ever argues against a hint.
 	streams, inEngine int
 	tight             bool // its first output came right after another's end
-	slotsUsed         int  // the slot count its queue was derived with
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -186,7 +185,6 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 		s = max(p.inEngine, o.slots.learned())
 	}
 	s = max(s, p.streams) // it ran beside streams−1 others: the engine has at least that many slots
-	p.slotsUsed = s
 
 	// With s slots it began when the (n−s+1)-th request ahead ended; if
 	// fewer than that ended before its first output, fewer were ahead
