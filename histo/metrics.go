@@ -179,7 +179,7 @@ func (m *metrics) count(tr *proxy.Trace) {
 
 // tokens counts an inference request's tokens, failed or not: the engine
 // did the work either way.
-func (m *metrics) tokens(rq *Request, _ *observers) {
+func (m *metrics) tokens(rq *Request) {
 	add := func(c prometheus.Counter, n Count) {
 		if n > 0 {
 			c.Add(float64(n))

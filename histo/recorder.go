@@ -226,7 +226,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	newRequest(&rq, tr, sp)
 	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
 	set := r.prom.labeled(tr.Route, tr.Model)
-	r.prom.tokens(&rq, set)
+	r.prom.tokens(&rq)
 	if !rq.Failed {
 		set.observe(&rq)
 	}
