@@ -5,12 +5,12 @@
 # It builds anvilproxy, installs pinned versions of OpenAI Codex, opencode
 # and Claude Code from npm into a temporary directory, starts
 # `anvilproxy serve` on loopback ports with its default upstream (the
-# embedded simulated engine), points each agent at the proxy with a dummy
+# embedded simulated engine, or `anvilproxy sim $SIM_ARGS`), points each agent at the proxy with a dummy
 # key, runs one non-interactive prompt per agent under a timeout, and then
-# reads the admin /requests JSON: each agent passes when the proxy recorded
-# at least one of its requests on the agent's route (responses for Codex,
-# chat for opencode, messages for Claude Code) with a non-null
-# time_to_first_output_ms.
+# reads the admin /requests JSON: each agent passes when it exited 0 within
+# AGENT_MAX_SECONDS and the proxy recorded at least one of its requests on
+# the agent's route (responses for Codex, chat for opencode, messages for
+# Claude Code) with a non-null time_to_first_output_ms.
 #
 # The sim's replies are filler words, so what the agents answer is
 # meaningless; only the proxy's recording matters. No real key and no
@@ -24,11 +24,17 @@
 #   CLAUDE_CODE_VERSION  @anthropic-ai/claude-code    (default 2.1.197, the
 #                        last release whose engines allow Node 20)
 #   AGENT_TIMEOUT        seconds per agent run        (default 180)
+#   AGENT_MAX_SECONDS    an agent passes only when it exits 0 within this
+#                        (default 30)
 #   AGENT_PROMPT         the prompt                   (default "Say hello in one word.")
 #   MAX_OUTPUT_TOKENS    output cap given to opencode and Claude Code (default
-#                        256; their own defaults are 32000, and the sim decodes
-#                        ~235 tokens/s and always generates the cap). Codex sends
-#                        no cap, so the sim's default of 256 applies.
+#                        8192, as in docs/agents.md; their own defaults are
+#                        32000). The sim's answers stop by themselves after
+#                        274-519 tokens, so the cap is rarely reached. Codex
+#                        sends no cap.
+#   SIM_ARGS             when set, run `anvilproxy sim $SIM_ARGS` as a separate
+#                        upstream instead of the embedded sim, e.g.
+#                        "--slots 1 --report-cached=false" (an ollama-like engine)
 #   KEEP=1               keep the temporary directory (logs, agent homes)
 #   AGENTS_NPM_DIR       reuse an npm install directory instead of a fresh one
 #
@@ -39,8 +45,10 @@ CODEX_VERSION=${CODEX_VERSION:-0.171.0}
 OPENCODE_VERSION=${OPENCODE_VERSION:-1.18.33}
 CLAUDE_CODE_VERSION=${CLAUDE_CODE_VERSION:-2.1.197}
 AGENT_TIMEOUT=${AGENT_TIMEOUT:-180}
+AGENT_MAX_SECONDS=${AGENT_MAX_SECONDS:-30}
 AGENT_PROMPT=${AGENT_PROMPT:-Say hello in one word.}
-MAX_OUTPUT_TOKENS=${MAX_OUTPUT_TOKENS:-256}
+MAX_OUTPUT_TOKENS=${MAX_OUTPUT_TOKENS:-8192}
+SIM_ARGS=${SIM_ARGS:-}
 
 agents=("$@")
 [ ${#agents[@]} -eq 0 ] && agents=(codex opencode claude)
@@ -64,12 +72,15 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/anvil-agents.XXXXXX")
 logs=$work/logs
 mkdir -p "$logs" "$work/project"
 proxy_pid=
+sim_pid=
 
 cleanup() {
-	if [ -n "$proxy_pid" ] && kill -0 "$proxy_pid" 2>/dev/null; then
-		kill "$proxy_pid" 2>/dev/null
-		wait "$proxy_pid" 2>/dev/null
-	fi
+	for pid in $proxy_pid $sim_pid; do
+		if kill -0 "$pid" 2>/dev/null; then
+			kill "$pid" 2>/dev/null
+			wait "$pid" 2>/dev/null
+		fi
+	done
 	if [ "${KEEP:-0}" = 1 ]; then
 		echo "kept $work"
 	else
@@ -115,8 +126,17 @@ admin=$(free_port)
 proxy=http://127.0.0.1:$port
 adminurl=http://127.0.0.1:$admin
 
-say "starting anvilproxy serve on $proxy (admin $adminurl, upstream: embedded sim)"
-"$work/anvilproxy" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" >"$logs/proxy.log" 2>&1 &
+upstream=()
+if [ -n "$SIM_ARGS" ]; then
+	simport=$(free_port)
+	say "starting anvilproxy sim $SIM_ARGS on 127.0.0.1:$simport"
+	# shellcheck disable=SC2086 # SIM_ARGS is a list of flags
+	"$work/anvilproxy" sim --listen "127.0.0.1:$simport" $SIM_ARGS >"$logs/sim.log" 2>&1 &
+	sim_pid=$!
+	upstream=(--upstream "http://127.0.0.1:$simport")
+fi
+say "starting anvilproxy serve on $proxy (admin $adminurl, upstream: ${upstream[1]:-embedded sim})"
+"$work/anvilproxy" serve --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" "${upstream[@]}" >"$logs/proxy.log" 2>&1 &
 proxy_pid=$!
 for _ in $(seq 100); do
 	curl -sf "$adminurl/healthz" >/dev/null 2>&1 && curl -sf "$proxy/v1/models" >/dev/null 2>&1 && break
@@ -174,12 +194,13 @@ run() {
 	before=$(last_id)
 	(cd "$work/project" && timeout --kill-after=10 "$AGENT_TIMEOUT" "$@") </dev/null >"$logs/$name.log" 2>&1
 	rc=$?
-	echo "   exit $rc after $((SECONDS - start))s; last lines of its output:"
+	local took=$((SECONDS - start))
+	echo "   exit $rc after ${took}s; last lines of its output:"
 	tail -n 5 "$logs/$name.log" | cut -c1-200 | sed 's/^/   | /'
-	if check "$route" "$before"; then
-		result[$name]="PASS (agent exit $rc)"
+	if check "$route" "$before" && [ "$rc" = 0 ] && [ "$took" -lt "$AGENT_MAX_SECONDS" ]; then
+		result[$name]="PASS (agent exit $rc in ${took}s)"
 	else
-		result[$name]="FAIL (agent exit $rc; see $logs/$name.log)"
+		result[$name]="FAIL (agent exit $rc in ${took}s, limit ${AGENT_MAX_SECONDS}s; see $logs/$name.log)"
 	fi
 }
 

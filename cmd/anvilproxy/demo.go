@@ -37,9 +37,10 @@ type demoFlags struct {
 // Where the demo listens when it may: the ports of serve's defaults, on
 // loopback only. When one is taken, a free loopback port is used instead.
 const (
-	demoListen      = "127.0.0.1:8080"
-	demoAdminListen = "127.0.0.1:9464"
-	demoSLOs        = "ttft=3s,tpot=50ms"
+	demoTruncateRate = 0.03 // share of the engine's streams that end unfinished
+	demoListen       = "127.0.0.1:8080"
+	demoAdminListen  = "127.0.0.1:9464"
+	demoSLOs         = "ttft=3s,tpot=50ms"
 )
 
 func (f *demoFlags) register(fs *flag.FlagSet) {
@@ -125,8 +126,10 @@ func startDemo(f *demoFlags, log *zap.Logger) (*demo, error) {
 		sf.snapshot.Dir = dir
 	}
 	// The engine reports its own queue time, as vLLM does with per-request
-	// metrics, so the waterfall splits queue from prefill exactly.
-	sf.sim = sim.Config{Seed: f.seed, Timings: sim.TimingVLLM}
+	// metrics, so the waterfall splits queue from prefill exactly. It closes
+	// idle connections after 5 s, as uvicorn does, and ends a few streams
+	// unfinished, as ollama does.
+	sf.sim = sim.Config{Seed: f.seed, Timings: sim.TimingVLLM, TruncateRate: demoTruncateRate}
 	st, err := startStack(&sf, log)
 	if err != nil {
 		return nil, err
@@ -158,8 +161,10 @@ func orFree(addr, def string) string {
 func (d *demo) printStart(w io.Writer) {
 	c := simDefaults()
 	fmt.Fprintf(w, "anvilproxy demo: %d simulated coding agents for %s against the simulated engine\n", d.f.agents, d.f.duration)
-	fmt.Fprintf(w, "  (%d slots, %.0f prompt tokens/s prefill, %.0f tokens/s decode per stream; Ctrl-C ends it early)\n\n",
+	fmt.Fprintf(w, "  (%d slots, %.0f prompt tokens/s prefill, %.0f tokens/s decode per stream; Ctrl-C ends it early)\n",
 		c.Slots, c.PrefillTokensPerSec, c.DecodeTokensPerSec)
+	fmt.Fprintf(w, "  (answers stop by themselves after %d-%d tokens; idle connections closed after %s; %.0f%% of streams end unfinished)\n\n",
+		c.NaturalLengths[0], c.NaturalLengths[len(c.NaturalLengths)-1], c.KeepAliveTimeout, demoTruncateRate*100)
 	fmt.Fprintf(w, "  proxy      %s/v1   (point your own agent here too)\n", d.st.proxyURL)
 	fmt.Fprintf(w, "  dashboard  %s/\n", d.st.adminURL)
 	fmt.Fprintf(w, "  metrics    %s/metrics\n", d.st.adminURL)
@@ -199,8 +204,8 @@ func (d *demo) finish(stdout, stderr io.Writer) error {
 	if err := d.st.close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "\ndemo finished after %s: %d agent turns, %d streams abandoned and re-sent, %d answered 429 and retried, %d failed\n",
-		time.Since(d.started).Round(100*time.Millisecond), d.w.turns.Load(), d.w.abandoned.Load(), d.w.rejected.Load(), d.w.failed.Load())
+	fmt.Fprintf(stdout, "\ndemo finished after %s: %d agent turns, %d streams abandoned and re-sent, %d answered 429 and retried, %d ended unfinished and re-sent, %d failed\n",
+		time.Since(d.started).Round(100*time.Millisecond), d.w.turns.Load(), d.w.abandoned.Load(), d.w.rejected.Load(), d.w.truncated.Load(), d.w.failed.Load())
 	files, err := snapshotFiles(d.dir)
 	if err != nil {
 		return err

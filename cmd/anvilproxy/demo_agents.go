@@ -28,24 +28,33 @@ const (
 	kindShuffler                   // reorders its tools now and then: drifts at the tools
 	kindResponses                  // the Responses API instead of chat completions
 	kindReviewer                   // reasoning off, short answers
+	kindLocal                      // as against a local ollama: no cached tokens reported, pauses longer than the engine's keep-alive
 )
 
-var kindNames = [...]string{"coder", "clock", "impatient", "shuffler", "responses", "reviewer"}
+var kindNames = [...]string{"coder", "clock", "impatient", "shuffler", "responses", "reviewer", "local"}
 
 func (k agentKind) String() string { return kindNames[k] }
 
 // roster is the order in which agents are given kinds: with fewer agents,
 // the first kinds come first.
-var roster = [...]agentKind{kindCoder, kindClock, kindImpatient, kindShuffler, kindResponses, kindReviewer, kindCoder, kindReviewer}
+var roster = [...]agentKind{kindCoder, kindClock, kindImpatient, kindShuffler, kindResponses, kindReviewer, kindCoder, kindLocal}
 
-// Workload shape. A turn's answer is max_tokens long in the simulated
-// engine: at 235 tokens/s, 100–600 tokens take 0.4–2.6 s.
+// Workload shape. In the simulated engine an answer stops by itself after
+// 274–519 tokens unless max_tokens is smaller: at 235 tokens/s, 100–519
+// tokens take 0.4–2.2 s. Agents that send an agent's large cap (8192,
+// 32000, none) always get a natural stop; the others are cut by their cap now
+// and then.
 const (
 	minTurns, maxTurns  = 6, 14 // turns per task before the agent starts a new conversation
 	minToolRun          = 150 * time.Millisecond
 	maxToolRun          = 1200 * time.Millisecond
 	impatientTimeout    = 2500 * time.Millisecond // shorter than the impatient agent's long answers once they queue
 	impatientAbandons   = 2                       // then it waits as long as it takes
+	truncatedResends    = 2                       // re-sends of a truncated stream before taking its partial answer
+	localPause          = 6 * time.Second         // longer than the engine's 5 s keep-alive: the proxy's pooled connection is closed meanwhile
+	localPauseJitter    = 3 * time.Second
+	agentCap            = 8192  // max_tokens as Claude Code and opencode recipes send it
+	localCap            = 32000 // opencode's default max_tokens
 	maxBackoffAttempts  = 4
 	patientTimeout      = 2 * time.Minute
 	demoModel           = "qwen3-8b"
@@ -58,7 +67,7 @@ type workload struct {
 	client *http.Client
 	wg     sync.WaitGroup
 
-	turns, abandoned, rejected, failed atomic.Int64
+	turns, abandoned, rejected, failed, truncated atomic.Int64
 }
 
 // startWorkload starts n agents against the proxy at base. They begin no new
@@ -136,10 +145,21 @@ func (a *agent) run(soft, hard context.Context) {
 		}
 		a.w.turns.Add(1)
 		a.record(answer)
-		if !sleepCtx(soft, minToolRun+time.Duration(a.rng.Int64N(int64(maxToolRun-minToolRun)))) {
+		if !sleepCtx(soft, a.pause()) {
 			return
 		}
 	}
+}
+
+// pause is the time between turns: a tool run, or for the local agent on
+// every other turn its user reading the answer for longer than the engine
+// keeps an idle connection open.
+func (a *agent) pause() time.Duration {
+	d := minToolRun + time.Duration(a.rng.Int64N(int64(maxToolRun-minToolRun)))
+	if a.kind == kindLocal && a.turn%2 == 1 {
+		d = localPause + time.Duration(a.rng.Int64N(int64(localPauseJitter)))
+	}
+	return d
 }
 
 // record appends the assistant's answer and the tool call it "made", then
@@ -167,7 +187,10 @@ func (a *agent) step(soft, hard context.Context) (string, error) {
 	if impatient && a.rng.IntN(5) == 0 {
 		hdr.Set("X-Sim-Fail-Attempts", "2") // the engine answers 429 twice
 	}
-	abandons := 0
+	if a.kind == kindLocal {
+		hdr.Set("X-Sim-Report-Cached", "false") // as ollama: cache hits only in timing
+	}
+	abandons, truncations := 0, 0
 	for attempt := 0; ; attempt++ {
 		timeout := patientTimeout
 		if impatient && abandons < impatientAbandons {
@@ -180,6 +203,14 @@ func (a *agent) step(soft, hard context.Context) (string, error) {
 			return answer, nil
 		case hard.Err() != nil:
 			return "", err
+		case errors.Is(err, errTruncatedStream):
+			// As Codex does when a stream ends before response.completed:
+			// send it again, and in the end make do with what came.
+			a.w.truncated.Add(1)
+			if truncations++; truncations > truncatedResends || soft.Err() != nil {
+				return answer, nil
+			}
+			continue
 		case impatient && errors.Is(err, context.DeadlineExceeded):
 			abandons++
 			a.w.abandoned.Add(1)
@@ -230,15 +261,26 @@ func (a *agent) send(hard context.Context, path string, body []byte, hdr http.He
 	return answer, err
 }
 
+// errTruncatedStream is a stream that ended cleanly but unfinished: no
+// finish_reason or [DONE] (chat), no response.completed (Responses), as
+// ollama's streams end when it stops a generation for repetition.
+var errTruncatedStream = errors.New("the stream ended before the answer finished")
+
 // readAnswer collects the visible text of a chat completions or Responses
-// stream. Reasoning is left out: agents do not send it back.
+// stream. Reasoning is left out: agents do not send it back. A stream that
+// ends without finishing returns its partial text and errTruncatedStream.
 func readAnswer(r io.Reader, responses bool) (string, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 4<<20)
 	var out strings.Builder
+	finished := false
 	for sc.Scan() {
 		data, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
-		if !ok || bytes.Equal(data, []byte("[DONE]")) {
+		if !ok {
+			continue
+		}
+		if bytes.Equal(data, []byte("[DONE]")) {
+			finished = true
 			continue
 		}
 		var ev struct {
@@ -256,11 +298,19 @@ func readAnswer(r io.Reader, responses bool) (string, error) {
 		switch {
 		case responses && ev.Type == "response.output_text.delta":
 			out.WriteString(ev.Delta)
+		case responses && ev.Type == "response.completed":
+			finished = true
 		case !responses && len(ev.Choices) > 0:
 			out.WriteString(ev.Choices[0].Delta.Content)
 		}
 	}
-	return out.String(), sc.Err()
+	if err := sc.Err(); err != nil {
+		return out.String(), err
+	}
+	if !finished {
+		return out.String(), errTruncatedStream
+	}
+	return out.String(), nil
 }
 
 // request returns the path and body of the agent's next turn.
@@ -268,6 +318,12 @@ func (a *agent) request() (string, []byte) {
 	maxTokens := 100 + a.rng.IntN(501)
 	reasoning := a.rng.IntN(3) > 0
 	switch a.kind {
+	case kindCoder:
+		maxTokens = agentCap
+	case kindResponses:
+		maxTokens = 0 // Codex sends no max_output_tokens
+	case kindLocal:
+		maxTokens = localCap
 	case kindReviewer:
 		maxTokens, reasoning = 60+a.rng.IntN(200), false
 	case kindImpatient:

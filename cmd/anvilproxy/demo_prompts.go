@@ -61,7 +61,7 @@ type responsesRequest struct {
 	Input           []json.RawMessage `json:"input"`
 	Tools           []responsesTool   `json:"tools"`
 	Stream          bool              `json:"stream"`
-	MaxOutputTokens int               `json:"max_output_tokens"`
+	MaxOutputTokens int               `json:"max_output_tokens,omitempty"`
 	Reasoning       struct {
 		Effort string `json:"effort"`
 	} `json:"reasoning"`

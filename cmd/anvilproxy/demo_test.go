@@ -4,16 +4,22 @@ import (
 	"context"
 	"io"
 	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
 // TestDemo runs "anvilproxy demo" for a few seconds: it prints where things
@@ -175,3 +181,61 @@ func element(dom, id string) string {
 }
 
 var nextID = regexp.MustCompile(`id="(chart-[a-z]+|waterfall|where|goodput|goodput-note|cache|cache-note|retry|drift|legend)"`)
+
+func TestReadAnswerTruncated(t *testing.T) {
+	chat := "data: {\"choices\":[{\"delta\":{\"content\":\"half \"}}]}\n\n"
+	answer, err := readAnswer(strings.NewReader(chat), false)
+	require.ErrorIs(t, err, errTruncatedStream)
+	require.Equal(t, "half ", answer, "the partial answer is kept")
+	answer, err = readAnswer(strings.NewReader(chat+"data: [DONE]\n\n"), false)
+	require.NoError(t, err)
+	require.Equal(t, "half ", answer)
+
+	resp := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"x\"}\n\n"
+	_, err = readAnswer(strings.NewReader(resp), true)
+	require.ErrorIs(t, err, errTruncatedStream)
+	_, err = readAnswer(strings.NewReader(resp+"event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n"), true)
+	require.NoError(t, err)
+}
+
+// TestLocalAgentAndTruncation runs demo agents against the simulated engine
+// directly: the local agent asks for an unreported cache and an agent's large
+// cap, pauses past the engine's keep-alive every other turn, and every agent
+// re-sends a stream that ended unfinished, then makes do with it.
+func TestLocalAgentAndTruncation(t *testing.T) {
+	s, err := sim.New(sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1e5, TruncateRate: 1})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var seen []http.Header
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Clone())
+		mu.Unlock()
+		s.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.Close)
+	w := &workload{base: ts.URL, client: ts.Client()}
+	a := newAgent(7, kindLocal, rand.New(rand.NewPCG(1, 7)), w)
+
+	path, body := a.request()
+	require.Equal(t, "/v1/chat/completions", path)
+	require.Contains(t, string(body), `"max_tokens":32000`)
+	ctx := context.Background()
+	answer, err := a.step(ctx, ctx)
+	require.NoError(t, err)
+	require.NotEmpty(t, answer, "the partial answer of the last attempt")
+	require.Equal(t, int64(truncatedResends+1), w.truncated.Load(), "sent, re-sent twice, then taken as it is")
+	require.Len(t, seen, truncatedResends+1)
+	for _, h := range seen {
+		require.Equal(t, "false", h.Get("X-Sim-Report-Cached"))
+	}
+
+	long := 0
+	for turn := range 10 {
+		a.turn = turn
+		if a.pause() > sim.DefaultKeepAliveTimeout {
+			long++
+		}
+	}
+	require.Equal(t, 5, long, "every other turn outlasts the engine's keep-alive")
+}

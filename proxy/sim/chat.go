@@ -127,7 +127,7 @@ func (c *chat) delta(e *eventWriter, res *result, d delta) error {
 func (c *chat) close(e *eventWriter, res *result) error {
 	if c.includeUsage {
 		chunk := c.chunk([]chatChunkChoice{})
-		chunk.Usage = newOpenAIUsage(c.cfg, res)
+		chunk.Usage = newOpenAIUsage(c.j, res)
 		chunk.Metrics, chunk.Timings = timing(c.cfg.Timings, res)
 		if err := e.send("", chunk); err != nil {
 			return err
@@ -179,7 +179,7 @@ func (c *chat) body(res *result) any {
 		Created: c.j.created,
 		Model:   c.cfg.Model,
 		Choices: []chatChoice{{Message: msg, FinishReason: finishReason(c.j)}},
-		Usage:   newOpenAIUsage(c.cfg, res),
+		Usage:   newOpenAIUsage(c.j, res),
 	}
 	out.Metrics, out.Timings = timing(c.cfg.Timings, res)
 	return out

@@ -95,7 +95,7 @@ func (c *completion) delta(e *eventWriter, res *result, d delta) error {
 func (c *completion) close(e *eventWriter, res *result) error {
 	if c.includeUsage {
 		chunk := c.chunk([]completionChoice{})
-		chunk.Usage = newOpenAIUsage(c.cfg, res)
+		chunk.Usage = newOpenAIUsage(c.j, res)
 		chunk.Metrics, chunk.Timings = timing(c.cfg.Timings, res)
 		if err := e.send("", chunk); err != nil {
 			return err
@@ -106,7 +106,7 @@ func (c *completion) close(e *eventWriter, res *result) error {
 
 func (c *completion) body(res *result) any {
 	out := c.chunk([]completionChoice{{Text: res.content.String(), FinishReason: finishReason(c.j)}})
-	out.Usage = newOpenAIUsage(c.cfg, res)
+	out.Usage = newOpenAIUsage(c.j, res)
 	out.Metrics, out.Timings = timing(c.cfg.Timings, res)
 	return out
 }

@@ -35,6 +35,9 @@ type job struct {
 	arrived   time.Time
 	bodyHash  uint64
 	knobs     knobs
+	// hideCached: the usage reports no cached tokens (Config.UnreportedCache
+	// or X-Sim-Report-Cached: false); the cache still cuts prefill.
+	hideCached bool
 	// truncTokens > 0 truncates the stream once that many tokens are out
 	// (drawn by Config.TruncateRate); 0: off.
 	truncTokens int

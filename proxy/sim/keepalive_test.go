@@ -78,6 +78,7 @@ func TestKeepAliveIdleClose(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
 	took := c.closedAfter(t, 5*time.Second)
+	t.Logf("closed after %v idle (KeepAliveTimeout 300ms)", took)
 	require.GreaterOrEqual(t, took, 250*time.Millisecond)
 	require.Less(t, took, 3*time.Second)
 }
@@ -89,6 +90,7 @@ func TestKeepAliveDefault(t *testing.T) {
 	c := dialRaw(t, addr)
 	c.roundTrip(t, "GET", "/health", "")
 	took := c.closedAfter(t, 15*time.Second)
+	t.Logf("closed after %v idle (default)", took)
 	require.GreaterOrEqual(t, took, 4900*time.Millisecond)
 	require.Less(t, took, 10*time.Second)
 }

@@ -36,6 +36,8 @@ func TestBadKnob(t *testing.T) {
 		{"X-Sim-Event-Gap", "50"},
 		{"X-Sim-Prefill", "-1s"},
 		{"X-Sim-Completion-Tokens", "0"},
+		{"X-Sim-Report-Cached", "maybe"},
+		{"X-Sim-Truncate-After-Events", "-2"},
 		{"X-Sim-Completion-Tokens", "many"},
 	} {
 		resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", chatBody(true, true), h...)

@@ -80,8 +80,8 @@ type anthMessage struct {
 	Usage        anthUsage   `json:"usage"`
 }
 
-// anthUsage is the Messages usage object; the cache fields are nil with
-// Config.UnreportedCache, as from ollama's /v1/messages.
+// anthUsage is the Messages usage object; the cache fields are nil when
+// the cache is unreported, as from ollama's /v1/messages.
 type anthUsage struct {
 	InputTokens              int  `json:"input_tokens"`
 	CacheCreationInputTokens *int `json:"cache_creation_input_tokens,omitempty"`
@@ -133,8 +133,8 @@ func (m *messages) signature() string {
 	return base64.StdEncoding.EncodeToString([]byte("anvilproxy-sim:" + m.j.base))
 }
 
-func newAnthUsage(cfg *Config, res *result) anthUsage {
-	if cfg.UnreportedCache {
+func newAnthUsage(j *job, res *result) anthUsage {
+	if j.hideCached {
 		return anthUsage{InputTokens: res.promptTokens, OutputTokens: res.completionTokens}
 	}
 	created, read := 0, res.cachedTokens
@@ -147,7 +147,7 @@ func newAnthUsage(cfg *Config, res *result) anthUsage {
 }
 
 func (m *messages) open(e *eventWriter, res *result) error {
-	usage := newAnthUsage(m.cfg, res)
+	usage := newAnthUsage(m.j, res)
 	usage.OutputTokens = 1 // as Anthropic sends before any output
 	return e.send("message_start", &anthEvent{Type: "message_start", Message: &anthMessage{
 		ID:      m.j.id,
@@ -247,7 +247,7 @@ func (m *messages) body(res *result) any {
 		Model:      m.cfg.Model,
 		Content:    content,
 		StopReason: &stop,
-		Usage:      newAnthUsage(m.cfg, res),
+		Usage:      newAnthUsage(m.j, res),
 	}
 }
 

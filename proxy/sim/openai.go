@@ -16,7 +16,7 @@ type openAIUsage struct {
 	PromptTokens            int                `json:"prompt_tokens"`
 	TotalTokens             int                `json:"total_tokens"`
 	CompletionTokens        int                `json:"completion_tokens"`
-	PromptTokensDetails     *promptDetails     `json:"prompt_tokens_details,omitempty"` // nil with Config.UnreportedCache
+	PromptTokensDetails     *promptDetails     `json:"prompt_tokens_details,omitempty"` // nil when the cache is unreported
 	CompletionTokensDetails completionsDetails `json:"completion_tokens_details"`
 }
 
@@ -28,14 +28,14 @@ type completionsDetails struct {
 	ReasoningTokens int `json:"reasoning_tokens"`
 }
 
-func newOpenAIUsage(cfg *Config, res *result) *openAIUsage {
+func newOpenAIUsage(j *job, res *result) *openAIUsage {
 	u := &openAIUsage{
 		PromptTokens:            res.promptTokens,
 		TotalTokens:             res.promptTokens + res.completionTokens,
 		CompletionTokens:        res.completionTokens,
 		CompletionTokensDetails: completionsDetails{ReasoningTokens: res.reasoningTokens},
 	}
-	if !cfg.UnreportedCache {
+	if !j.hideCached {
 		u.PromptTokensDetails = &promptDetails{CachedTokens: res.cachedTokens}
 	}
 	return u

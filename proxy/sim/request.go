@@ -21,6 +21,7 @@ type knobs struct {
 	prefill      time.Duration // -1: off
 	length       int           // -1: off
 	truncAfter   int           // -1: off
+	hideCached   bool          // X-Sim-Report-Cached: false
 }
 
 func parseKnobs(h http.Header) (knobs, error) {
@@ -51,6 +52,13 @@ func parseKnobs(h http.Header) (knobs, error) {
 			return k, fmt.Errorf("sim: bad X-Sim-Prefill %q: want a duration such as 2s", v)
 		}
 	}
+	if v := h.Get("X-Sim-Report-Cached"); v != "" {
+		report, err := strconv.ParseBool(v)
+		if err != nil {
+			return k, fmt.Errorf("sim: bad X-Sim-Report-Cached %q: want true or false", v)
+		}
+		k.hideCached = !report
+	}
 	if v := h.Get("X-Sim-Truncate-After-Events"); v != "" {
 		if k.truncAfter, err = strconv.Atoi(v); err != nil || k.truncAfter < 0 {
 			return k, fmt.Errorf("sim: bad X-Sim-Truncate-After-Events %q: want a count", v)
@@ -79,6 +87,7 @@ func (s *Server) newJob(r *http.Request, body []byte, p protocol, arrived time.T
 	}
 	s.length(j)
 	s.drawTruncation(j)
+	j.hideCached = s.cfg.UnreportedCache || j.knobs.hideCached
 	j.base = r.Header.Get("X-Request-Id")
 	if j.base == "" {
 		// Each id takes two steps of one SplitMix64 sequence, so ids are

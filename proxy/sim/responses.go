@@ -193,21 +193,21 @@ func (p *responses) object(status string, res *result) *respObject {
 		o.Output = []respItem{}
 	}
 	if status == "completed" {
-		o.Usage = newRespUsage(p.cfg, res)
+		o.Usage = newRespUsage(p.j, res)
 		o.Metrics, _ = timing(p.cfg.Timings, res)
 	}
 	return o
 }
 
-// newRespUsage is the Responses usage object. With Config.UnreportedCache
-// it says cached_tokens 0, as ollama's /v1/responses always does.
-func newRespUsage(cfg *Config, res *result) *respUsage {
+// newRespUsage is the Responses usage object. When the cache is
+// unreported it says cached_tokens 0, as ollama's /v1/responses always does.
+func newRespUsage(j *job, res *result) *respUsage {
 	u := &respUsage{
 		InputTokens:  res.promptTokens,
 		OutputTokens: res.completionTokens,
 		TotalTokens:  res.promptTokens + res.completionTokens,
 	}
-	if !cfg.UnreportedCache {
+	if !j.hideCached {
 		u.InputTokensDetails.CachedTokens = res.cachedTokens
 	}
 	u.OutputTokensDetails.ReasoningTokens = res.reasoningTokens

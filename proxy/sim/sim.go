@@ -58,7 +58,14 @@
 // Usage reports the cached prompt tokens, as vLLM does
 // (prompt_tokens_details.cached_tokens; Messages: cache_read_input_tokens,
 // input_tokens excluding them), unless Config.UnreportedCache: then no cached
-// count is reported, as from ollama, while the cache still cuts prefill.
+// count is reported, as from ollama (Responses say cached_tokens 0, as
+// ollama's do), while the cache still cuts prefill.
+//
+// A share of streams (Config.TruncateRate, or X-Sim-Truncate-After-Events)
+// ends unfinished but cleanly, as ollama ends a generation it stopped for
+// repetition: HTTP 200 and a terminated chunked body, but no finish reason,
+// no usage, no [DONE], no closing events. X-Sim-Fail-After-Events instead
+// drops the connection mid-body.
 //
 // The engine records the truth of every request it admitted — its true
 // queue wait, prefill time and the cached tokens it used — for in-process
@@ -89,6 +96,8 @@
 //	X-Sim-Event-Gap: 50ms       decode events exactly this far apart (tokens per event
 //	                            unchanged); a time.ParseDuration string
 //	X-Sim-Prefill: 2s           prefill takes exactly this long
+//	X-Sim-Report-Cached: false  report no cached tokens for this request, as
+//	                            Config.UnreportedCache does for all
 //	X-Sim-Completion-Tokens: 40 this request's natural length is 40 tokens (a
 //	                            smaller limit still cuts it); also with ExactLength
 //	X-Request-Id: abc           the response id becomes "chatcmpl-abc" (per protocol

@@ -9,7 +9,7 @@ import "time"
 type Truth struct {
 	ID string // the key: X-Request-Id, or the generated id (the response id without its prefix)
 
-	Arrived    time.Time // the handler started: the request reached the engine
+	Arrived    time.Time // the handler started, before reading the body: the request reached the engine
 	Admitted   time.Time // a slot was acquired; zero if the request never got one
 	FirstToken time.Time // prefill ended and the first token was due; zero if never
 	Finished   time.Time // the engine stopped work on it: its slot was let go, or it left the queue

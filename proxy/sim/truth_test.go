@@ -151,6 +151,7 @@ func TestUnreportedCache(t *testing.T) {
 					}
 					tr, ok := s.Truth(rid)
 					require.True(t, ok)
+					t.Logf("%s: client %v, engine prefill %v, cached %d of %d (reported: none)", rid, took.Round(time.Millisecond), tr.Prefill.Round(time.Millisecond), tr.CachedTokens, tr.PromptTokens)
 					if i == 0 && !stream {
 						require.Zero(t, tr.CachedTokens)
 						require.GreaterOrEqual(t, tr.Prefill, 390*time.Millisecond)
@@ -179,4 +180,25 @@ func maps(m map[string]any, extra ...any) map[string]any {
 		out[extra[i].(string)] = extra[i+1]
 	}
 	return out
+}
+
+// TestReportCachedKnob hides the cached count of single requests on an
+// engine that reports it.
+func TestReportCachedKnob(t *testing.T) {
+	s, ts := start(t, fast())
+	body := chatBody(false, false, "max_tokens", 2, "messages",
+		[]any{map[string]any{"role": "user", "content": strings.Repeat("resent prefix ", 100)}})
+	post(t, context.Background(), ts.URL+"/v1/chat/completions", body) // warms the cache
+	for _, tc := range []struct {
+		header string
+		want   bool
+	}{{"false", false}, {"true", true}, {"", true}} {
+		id := "report-" + tc.header
+		resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", body, "X-Sim-Report-Cached", tc.header, "X-Request-Id", id)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, tc.want, strings.Contains(string(b), `"cached_tokens":336`), "%q: %s", tc.header, b)
+		tr, _ := s.Truth(id)
+		require.Equal(t, 336, tr.CachedTokens, "the cache served it either way")
+	}
 }
