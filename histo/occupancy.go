@@ -48,6 +48,9 @@ const (
 	// there to the client's last byte is the client's: a second covers a
 	// slow reader.
 	tailMargin = time.Second
+	// epochMargin puts the timeline's zero this far before the first
+	// request recorded (see rel).
+	epochMargin = 24 * time.Hour
 	// sweepMax bounds the requests the concurrency sweep looks at.
 	sweepMax = 64
 	// A request "waited for another's end" (tight) when it would otherwise
@@ -104,8 +107,10 @@ type occupancy struct {
 	slots slotLearner
 }
 
-// rel is t in nanoseconds since the epoch; absent is -1 (never a real
-// offset: the epoch is the first request's t_recv).
+// rel is t in nanoseconds since the epoch; absent is -1, never a real
+// offset: the epoch is a day before the first request recorded, so a
+// request received before that one (and still running) has positive
+// offsets too.
 func (o *occupancy) rel(t time.Time) int64 {
 	if t.IsZero() {
 		return -1
@@ -149,7 +154,7 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.set {
-		o.epoch, o.set = tr.Recv, true
+		o.epoch, o.set = tr.Recv.Add(-epochMargin), true
 	}
 	e, onTimeline := o.entryOf(tr)
 	if !onTimeline {
@@ -173,7 +178,7 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	if c > 0 {
 		p.tight = tight(ends[c-1]-e.arrive, e.first-ends[c-1], e.first-e.arrive, est, haveEst)
 	}
-	if n > 0 && !tr.Failed() {
+	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
 		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
 	}
 	s := o.slots.effective()
@@ -251,7 +256,7 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.set {
-		o.epoch, o.set = tr.Recv, true
+		o.epoch, o.set = tr.Recv.Add(-epochMargin), true
 	}
 	if tr.Admit.IsZero() {
 		return // refused before admission: never counted in flight

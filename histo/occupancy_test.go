@@ -208,3 +208,17 @@ func TestRecordAllocs(t *testing.T) {
 	}
 	require.Zero(t, testing.AllocsPerRun(500, func() { r.Record(&tr) }))
 }
+
+// TestOccupancyBeforeFirstRecorded: a request received before the first
+// one recorded (it ran longer) is placed like any other.
+func TestOccupancyBeforeFirstRecorded(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	early := served(0, 20, 5000, 0) // first output before short was even received
+	short := served(50, 100, 200, 1)
+	r.Record(&short)
+	r.Record(&early)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(0), rq.Queue)
+	require.Equal(t, 2, r.Slots().Effective, "they ran side by side")
+}
