@@ -166,6 +166,18 @@ func mixedBurst(prefix string, n int) []burstReq {
 	return out
 }
 
+// skipInaccurate skips an accuracy test with -short (seconds of simulated
+// traffic) and under the race detector (raceEnabled).
+func skipInaccurate(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("seconds of simulated traffic")
+	}
+	if raceEnabled {
+		t.Skip("the race detector's delays are in every stamp")
+	}
+}
+
 // queueTolerance is the accuracy the split must reach: max(25 ms, 10%).
 func queueTolerance(truth time.Duration) time.Duration {
 	return max(25*time.Millisecond, truth/10)
@@ -201,9 +213,7 @@ func (s *accStack) checkQueues(t *testing.T, reqs []burstReq) time.Duration {
 // cache-hit traffic (with a cache hit in the burst), and with a wrong
 // --engine-slots.
 func TestQueueAccuracyFIFO(t *testing.T) {
-	if testing.Short() {
-		t.Skip("several seconds of simulated traffic")
-	}
+	skipInaccurate(t)
 	cases := []struct {
 		name         string
 		slots, hint  int
@@ -257,6 +267,7 @@ func TestQueueAccuracyFIFO(t *testing.T) {
 // prompt itself at most 20%, and the reported ratio has no data rather
 // than 0%.
 func TestInferredCacheHits(t *testing.T) {
+	skipInaccurate(t)
 	s := newAccStack(t, 1, histo.Config{})
 	for i := range 8 { // the cold rate needs 8 samples
 		s.send(t, fmt.Sprintf("cold-%d", i), msgsBody(coldPrompt(fmt.Sprintf("cold-%d", i), 1000), 10+i))
@@ -315,6 +326,7 @@ func hasNote(doc *snapshot.Document, prefix string) bool {
 // (the bug: 211,816 tokens/s after one cold request and nine hits), and a
 // later cold request on an idle engine is split as prefill, not queue.
 func TestColdRateSurvivesCacheHits(t *testing.T) {
+	skipInaccurate(t)
 	s := newAccStack(t, 1, histo.Config{})
 	for i := range 8 {
 		s.send(t, fmt.Sprintf("cold-%d", i), msgsBody(coldPrompt(fmt.Sprintf("cold-%d", i), 1000), 10+i))

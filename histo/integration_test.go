@@ -219,8 +219,8 @@ func TestQueueSourceOccupancy(t *testing.T) {
 	require.True(t, ok)
 	require.Greater(t, truth.Queue, 30*time.Millisecond, "it waited for the first")
 	require.Equal(t, histo.SourceOccupancy, queued.QueueSource)
-	require.InDelta(t, float64(truth.Queue), float64(queued.Queue), float64(10*time.Millisecond))
-	require.InDelta(t, float64(truth.Prefill), float64(queued.Prefill), float64(10*time.Millisecond))
+	require.InDelta(t, float64(truth.Queue), float64(queued.Queue), float64(25*time.Millisecond))
+	require.InDelta(t, float64(truth.Prefill), float64(queued.Prefill), float64(25*time.Millisecond))
 }
 
 // TestLabelFloodBounded: 10,000 distinct model names keep the series bounded.
