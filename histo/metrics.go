@@ -58,27 +58,34 @@ func codeLabel(status int) string {
 }
 
 // metrics are the Prometheus collectors. Children on the hot paths are
-// resolved once here (client_golang counter.go: WithLabelValues hashes the
-// labels on every call).
+// resolved once (client_golang counter.go: WithLabelValues hashes the
+// labels on every call): the per-event ones here, the per-request ones
+// once per route and model (labeled).
 type metrics struct {
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
 
-	ttfo, ttft, prefill, reasoning, generation, tpot, e2e prometheus.Histogram
-	queue                                                 [len(sources)]prometheus.Observer // by source; none is never observed
-	connect                                               [2]prometheus.Observer            // warm, cold
-	decodeRate, prefillRate                               prometheus.Histogram
+	ttfo, ttft, prefill, reasoning, generation, tpot, e2e *prometheus.HistogramVec // by route, model
+	queue, connect                                        *prometheus.HistogramVec // by source or cold, route, model
+	decodeRate, prefillRate                               *prometheus.HistogramVec // by route, model
 	gap, overhead                                         prometheus.Histogram
 
 	promptTokens, completionTokens, cachedTokens, reasoningTokens prometheus.Counter
+	cacheReported, cacheInferred, cacheInferable                  prometheus.Counter
 	outputSource                                                  map[string]prometheus.Counter
 	clamped                                                       [NumMetrics]prometheus.Counter
 	dropped                                                       prometheus.Counter
+
+	sets labeledSets
 
 	all []prometheus.Collector // everything above, for registration
 }
 
 func newMetrics() *metrics {
+	rm := []string{"route", "model"}
+	vec := func(opts prometheus.HistogramOpts) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(opts, rm)
+	}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "anvilproxy_requests_total",
@@ -86,26 +93,30 @@ func newMetrics() *metrics {
 		}, []string{"route", "model", "code"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "anvilproxy_errors_total",
-			Help: "Requests that ended in an error, by the side it came from and its kind.",
+			Help: "Requests that ended in an error, by the side it came from and its kind (truncated: a stream that ended without its end marker, status 200 notwithstanding).",
 		}, []string{"side", "kind"}),
-		ttfo: prometheus.NewHistogram(histogram("anvilproxy_time_to_first_output_seconds",
+		ttfo: vec(histogram("anvilproxy_time_to_first_output_seconds",
 			"Time from request received to the first reasoning, content or tool-call delta. Successful inference requests only.", phaseBuckets)),
-		ttft: prometheus.NewHistogram(histogram("anvilproxy_time_to_first_token_seconds",
+		ttft: vec(histogram("anvilproxy_time_to_first_token_seconds",
 			"Time from request received to the first content or tool-call delta; includes reasoning. Successful inference requests only.", phaseBuckets)),
-		prefill: prometheus.NewHistogram(histogram("anvilproxy_prefill_seconds",
+		prefill: vec(histogram("anvilproxy_prefill_seconds",
 			"Prefill time: time to first output minus queue and connect. Successful inference requests only.", phaseBuckets)),
-		reasoning: prometheus.NewHistogram(histogram("anvilproxy_reasoning_seconds",
+		reasoning: vec(histogram("anvilproxy_reasoning_seconds",
 			"Time from the first output to the first content when reasoning came first, else 0. Successful inference requests only.", phaseBuckets)),
-		generation: prometheus.NewHistogram(histogram("anvilproxy_generation_seconds",
+		generation: vec(histogram("anvilproxy_generation_seconds",
 			"Time from the first output to the end of the upstream stream. Successful inference requests only.", phaseBuckets)),
-		tpot: prometheus.NewHistogram(histogram("anvilproxy_time_per_output_token_seconds",
+		tpot: vec(histogram("anvilproxy_time_per_output_token_seconds",
 			"Generation time divided by output tokens after the first. Successful inference requests only.", tpotBuckets)),
-		e2e: prometheus.NewHistogram(histogram("anvilproxy_request_duration_seconds",
+		e2e: vec(histogram("anvilproxy_request_duration_seconds",
 			"Time from request received to the end of the upstream response. Successful inference requests only.", phaseBuckets)),
-		decodeRate: prometheus.NewHistogram(histogram("anvilproxy_decode_tokens_per_second",
+		decodeRate: vec(histogram("anvilproxy_decode_tokens_per_second",
 			"Output tokens after the first divided by generation time, per request. Successful inference requests only.", decodeBuckets)),
-		prefillRate: prometheus.NewHistogram(histogram("anvilproxy_prefill_tokens_per_second",
+		prefillRate: vec(histogram("anvilproxy_prefill_tokens_per_second",
 			"Effective prefill rate: prompt tokens divided by time to first output (queueing included), per request. Successful inference requests only.", prefillBuckets)),
+		queue: prometheus.NewHistogramVec(histogram("anvilproxy_queue_seconds",
+			"Wait before prefill began (limiter wait plus engine queue), by where the split came from. Successful inference requests only.", phaseBuckets), []string{"source", "route", "model"}),
+		connect: prometheus.NewHistogramVec(histogram("anvilproxy_upstream_connect_seconds",
+			"Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.", gapBuckets), []string{"cold", "route", "model"}),
 		gap: prometheus.NewHistogram(histogram("anvilproxy_inter_event_seconds",
 			"Gap between consecutive output events of a stream, every gap.", gapBuckets)),
 		overhead: prometheus.NewHistogram(histogram("anvilproxy_proxy_overhead_seconds",
@@ -116,21 +127,24 @@ func newMetrics() *metrics {
 			Name: "anvilproxy_completion_tokens_total", Help: "Output tokens of finished inference requests (usage, else output events)."}),
 		cachedTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "anvilproxy_cached_prompt_tokens_total", Help: "Prompt tokens the engine reported as served from its prefix cache."}),
+		cacheReported: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_cache_reported_prompt_tokens_total",
+			Help: "Prompt tokens of the requests whose engine reported cached tokens (0 included): the denominator of the reported cache-hit ratio."}),
+		cacheInferred: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_cache_inferred_prompt_tokens_total",
+			Help: "Prompt tokens inferred as served from the engine's prefix cache, from each request's prefill time against the learned cold prefill rate."}),
+		cacheInferable: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "anvilproxy_cache_inferable_prompt_tokens_total",
+			Help: "Prompt tokens of the requests whose cached tokens could be inferred: the denominator of the inferred cache-hit ratio."}),
 		reasoningTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "anvilproxy_reasoning_tokens_total", Help: "Reasoning tokens the engine reported."}),
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "anvilproxy_histo_records_dropped_total",
 			Help: "Requests counted in a window's histograms but beyond its per-request record cap."}),
 	}
-	queue := prometheus.NewHistogramVec(histogram("anvilproxy_queue_seconds",
-		"Wait before prefill began (limiter wait plus engine queue), by where the split came from. Successful inference requests only.", phaseBuckets), []string{"source"})
-	connect := prometheus.NewHistogramVec(histogram("anvilproxy_upstream_connect_seconds",
-		"Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.", gapBuckets), []string{"cold"})
-	for i, s := range sources[:3] {
-		m.queue[i] = queue.WithLabelValues(string(s))
+	for _, e := range proxy.ErrorLabels {
+		m.errors.WithLabelValues(e.Side.String(), e.Kind.String()) // exported at 0 from start
 	}
-	m.queue[SourceNone.index()] = noObserver{}
-	m.connect[0], m.connect[1] = connect.WithLabelValues("false"), connect.WithLabelValues("true")
 	src := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "anvilproxy_output_tokens_source_total",
 		Help: "Finished inference requests by where their output token count came from.",
@@ -143,11 +157,13 @@ func newMetrics() *metrics {
 	for i := range m.clamped {
 		m.clamped[i] = clamped.WithLabelValues(Metric(i).String())
 	}
+	m.sets.m = m
 	m.all = []prometheus.Collector{
 		m.requests, m.errors, m.ttfo, m.ttft, m.prefill, m.reasoning, m.generation, m.tpot, m.e2e,
 		m.decodeRate, m.prefillRate, m.gap, m.overhead,
 		m.promptTokens, m.completionTokens, m.cachedTokens, m.reasoningTokens, m.dropped,
-		queue, connect, src, clamped,
+		m.cacheReported, m.cacheInferred, m.cacheInferable,
+		m.queue, m.connect, src, clamped,
 	}
 	return m
 }
@@ -173,37 +189,16 @@ func (m *metrics) tokens(rq *Request) {
 	add(m.completionTokens, rq.OutputTokens)
 	add(m.cachedTokens, rq.CachedTokens)
 	add(m.reasoningTokens, rq.ReasoningTokens)
+	if rq.CachedTokens >= 0 {
+		add(m.cacheReported, rq.PromptTokens)
+	}
+	if rq.CacheInferredTokens >= 0 {
+		add(m.cacheInferred, rq.CacheInferredTokens)
+		add(m.cacheInferable, rq.PromptTokens)
+	}
 	if c, ok := m.outputSource[rq.OutputTokenSource]; ok {
 		c.Inc()
 	}
-}
-
-// observe records a successful inference request's phases. Failed requests
-// are left out of the latency distributions, as in the v1 schema ("failed
-// … responses retain sanitized timing and metadata but are excluded from
-// performance distributions"); they are counted by code and error.
-func (m *metrics) observe(rq *Request) {
-	obs := func(o prometheus.Observer, s Span) {
-		if s.Known() {
-			o.Observe(time.Duration(s).Seconds())
-		}
-	}
-	obs(m.ttfo, rq.TTFO)
-	obs(m.ttft, rq.TTFT)
-	obs(m.queue[rq.QueueSource.index()], rq.Queue)
-	obs(m.prefill, rq.Prefill)
-	obs(m.reasoning, rq.Reasoning)
-	obs(m.generation, rq.Generation)
-	obs(m.tpot, rq.TPOT)
-	obs(m.e2e, rq.E2E)
-	obs(m.connect[b2i(rq.Cold)], rq.Connect)
-	rate := func(o prometheus.Observer, f Float) {
-		if f.Known() {
-			o.Observe(float64(f))
-		}
-	}
-	rate(m.decodeRate, rq.DecodeRate)
-	rate(m.prefillRate, rq.PrefillRate)
 }
 
 func b2i(b bool) int {
@@ -212,7 +207,3 @@ func b2i(b bool) int {
 	}
 	return 0
 }
-
-type noObserver struct{}
-
-func (noObserver) Observe(float64) {}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
 
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
@@ -25,10 +26,15 @@ type Config struct {
 	// one per metric. None means goodput is the share of requests that did
 	// not fail.
 	SLOs []SLO
-	// EngineSlots is the upstream's concurrency (its slot count). A request
-	// admitted with fewer requests in flight found the engine idle and
-	// teaches the prefill-rate model. 0 means 4.
+	// EngineSlots is a hint of the upstream's concurrency (its slot count)
+	// for the occupancy split. Evidence overrides it, with a warning: more
+	// streams decoding at once than it allows, or requests that waited for
+	// another's end with fewer in the engine. 0 means no hint: the count is
+	// learned from observation alone (docs/queue-split.md).
 	EngineSlots int
+	// Log receives the warnings of the measurement (a slot hint that the
+	// evidence contradicts). nil means none.
+	Log *zap.Logger
 	// RecentRequests is the number of requests /requests keeps. 0 means 512.
 	RecentRequests int
 	// MaxWindowRequests caps the per-request records of one window (about
@@ -74,7 +80,9 @@ func (c *Config) setDefaults() error {
 		seen[s.Metric] = true
 	}
 	c.SLOs = append([]SLO(nil), c.SLOs...)
-	c.EngineSlots = orDefault(c.EngineSlots, 4)
+	if c.Log == nil {
+		c.Log = zap.NewNop()
+	}
 	c.RecentRequests = orDefault(c.RecentRequests, 512)
 	c.MaxWindowRequests = orDefault(c.MaxWindowRequests, 100_000)
 	c.MaxConversations = orDefault(c.MaxConversations, DefaultMaxConversations)
@@ -102,7 +110,8 @@ func orDefault(v, def int) int {
 // tallies, and the recent ring share one mutex, held for well under a
 // microsecond per request, so that Rotate ends a window atomically (a
 // request is in one window's histograms and records, never split). The two
-// per-event histograms have a mutex each, and the prefill model has its own.
+// per-event histograms have a mutex each, and the prefill model and the
+// engine timeline (occ) have their own.
 type Recorder struct {
 	cfg    Config
 	reg    *prometheus.Registry
@@ -113,6 +122,7 @@ type Recorder struct {
 	conv   *convMetrics
 	self   *SelfCheck
 	model  rateModel
+	occ    occupancy
 	start  time.Time
 
 	gap, relay eventPair
@@ -137,6 +147,7 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	}
 	r := &Recorder{cfg: cfg, reg: reg, prom: newMetrics(), start: cfg.Now()}
 	r.cur = newWindow(r.start, 0)
+	r.occ.slots = newSlotLearner(cfg.EngineSlots)
 	r.convs = newConversations(cfg.MaxConversations, cfg.ConversationIdle)
 	for m := range numRequestMetrics {
 		r.hist[m] = newPair(m, r.prom.clamped[m])
@@ -203,6 +214,7 @@ func inference(rt proxy.Route) bool {
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !inference(tr.Route) {
+		r.occ.passing(tr)
 		r.recordOther(tr)
 		return
 	}
@@ -210,14 +222,28 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prefix.observe(&tr.Prefix)
 	r.ledger.observe(&tr.Prefix)
 	var rq Request
-	newRequest(&rq, tr, r.Split(tr))
+	rs := r.model.read()
+	sp, place := r.split(tr, rs)
+	newRequest(&rq, tr, sp)
+	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
+	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq)
 	if !rq.Failed {
-		r.prom.observe(&rq)
+		set.observe(&rq)
 	}
 	r.add(&rq, tr)
-	// Learn after splitting, so a request is never judged by its own sample.
-	r.model.learn(tr, r.cfg.EngineSlots)
+	// Learn after splitting, so a request is never judged by its own
+	// sample. Idle: nothing was ahead of it in the engine.
+	idle := place.ok && place.ahead == 0 || !place.ok && tr.InflightAtAdmit == 0
+	r.model.learn(tr, idle, rs)
+}
+
+// warnSlots logs that the slot hint and the evidence disagree.
+func (r *Recorder) warnSlots() {
+	s := r.Slots()
+	r.cfg.Log.Warn("--engine-slots disagrees with what the proxy observed; the queue/prefill split uses the observed count",
+		zap.Int64("engine_slots", int64(s.Hint)), zap.Int64("observed", int64(s.Learned)),
+		zap.Int("used", s.Effective), zap.String("state", s.State))
 }
 
 // add puts rq into the current window under the lock.
@@ -233,6 +259,7 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.conv.observe(turn)
 	rq.Index = int(r.cur.tally.requests)
 	rq.Good = r.cur.tally.add(rq, r.cfg.SLOs)
+	r.cur.cache.add(rq)
 	if !rq.Failed {
 		r.recordHDR(rq)
 	}

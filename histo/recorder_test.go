@@ -53,9 +53,12 @@ func TestRecordPhases(t *testing.T) {
 	require.Less(t, rq.TTFO, rq.TTFT, "reasoning came first")
 	require.Equal(t, Float(100), rq.DecodeRate)                  // 200 tokens / 2 s
 	require.InDelta(t, 10000/0.3, float64(rq.PrefillRate), 1e-9) // prompt / TTFO
-	require.Equal(t, QueueSource("none"), rq.QueueSource)        // no server timing, no limiter, no model yet
-	require.False(t, rq.Queue.Known())
-	require.False(t, rq.Prefill.Known())
+	// No server timing, no limiter: the timeline says nothing was ahead of
+	// it in the engine, so it queued 0 and TTFO − connect was prefill.
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(0), rq.Queue)
+	require.Equal(t, Span(ms2d(298.5)), rq.Prefill)
+	require.Equal(t, Count(-1), rq.CacheInferredTokens, "no cold rate learned yet")
 	require.Equal(t, Count(201), rq.OutputTokens)
 	require.Equal(t, "usage", rq.OutputTokenSource)
 	require.Equal(t, Count(2000), rq.CachedTokens)
@@ -73,7 +76,7 @@ func TestRecordPhases(t *testing.T) {
 		require.Equal(t, int64(1), h.TotalCount(), m.String())
 		require.True(t, h.ValuesAreEquivalent(v, h.Max()), "%s: %d vs %d", m, v, h.Max())
 	}
-	require.Zero(t, w.Hist[MetricQueue].TotalCount(), "queue is unknown, not 0")
+	require.Equal(t, int64(1), w.Hist[MetricQueue].TotalCount())
 }
 
 func TestReasoningOnlyAndNonStream(t *testing.T) {
@@ -125,27 +128,41 @@ func TestFailedExcludedFromDistributions(t *testing.T) {
 	require.Zero(t, r.Current().Hist[MetricTTFT].TotalCount())
 	require.Zero(t, histCount(t, reg, "anvilproxy_time_to_first_token_seconds"))
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
-# HELP anvilproxy_errors_total Requests that ended in an error, by the side it came from and its kind.
+# HELP anvilproxy_errors_total Requests that ended in an error, by the side it came from and its kind (truncated: a stream that ended without its end marker, status 200 notwithstanding).
 # TYPE anvilproxy_errors_total counter
+anvilproxy_errors_total{kind="bad_request",side="client"} 0
+anvilproxy_errors_total{kind="body_too_large",side="client"} 0
+anvilproxy_errors_total{kind="client_gone",side="client"} 0
+anvilproxy_errors_total{kind="connect",side="upstream"} 0
+anvilproxy_errors_total{kind="limited",side="proxy"} 0
+anvilproxy_errors_total{kind="overloaded",side="proxy"} 0
+anvilproxy_errors_total{kind="pool_exhausted",side="proxy"} 0
+anvilproxy_errors_total{kind="pool_exhausted",side="upstream"} 0
+anvilproxy_errors_total{kind="shutdown",side="proxy"} 0
+anvilproxy_errors_total{kind="truncated",side="upstream"} 0
 anvilproxy_errors_total{kind="upstream_broken",side="upstream"} 1
+anvilproxy_errors_total{kind="upstream_timeout",side="upstream"} 0
 # HELP anvilproxy_completion_tokens_total Output tokens of finished inference requests (usage, else output events).
 # TYPE anvilproxy_completion_tokens_total counter
 anvilproxy_completion_tokens_total 201
 `), "anvilproxy_errors_total", "anvilproxy_completion_tokens_total"))
 }
 
-// histCount returns the sample count of the unlabelled histogram name.
+// histCount returns the sample count of histogram name, summed over its
+// series.
 func histCount(t *testing.T, reg prometheus.Gatherer, name string) uint64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
+	var n uint64
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
 		}
 	}
-	t.Fatalf("no metric %s", name)
-	return 0
+	return n
 }
 
 func TestMetricsGolden(t *testing.T) {
@@ -177,44 +194,44 @@ anvilproxy_output_tokens_source_total{source="chunks"} 1
 anvilproxy_output_tokens_source_total{source="usage"} 2
 # HELP anvilproxy_upstream_connect_seconds Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.
 # TYPE anvilproxy_upstream_connect_seconds histogram
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.0001"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.00025"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.0005"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.001"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.0025"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.005"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.01"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.025"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.05"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.1"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.25"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="0.5"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="1"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="2.5"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="5"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="10"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="false",le="+Inf"} 1
-anvilproxy_upstream_connect_seconds_sum{cold="false"} 0.0015
-anvilproxy_upstream_connect_seconds_count{cold="false"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.0001"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.00025"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.0005"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.001"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.0025"} 0
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.005"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.01"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.025"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.05"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.1"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.25"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="0.5"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="1"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="2.5"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="5"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="10"} 1
-anvilproxy_upstream_connect_seconds_bucket{cold="true",le="+Inf"} 1
-anvilproxy_upstream_connect_seconds_sum{cold="true"} 0.003
-anvilproxy_upstream_connect_seconds_count{cold="true"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.0001"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.00025"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.0005"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.001"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.0025"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.005"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.01"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.025"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.05"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.1"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.25"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="0.5"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="1"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="2.5"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="5"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="10"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="false",model="qwen",route="chat",le="+Inf"} 1
+anvilproxy_upstream_connect_seconds_sum{cold="false",model="qwen",route="chat"} 0.0015
+anvilproxy_upstream_connect_seconds_count{cold="false",model="qwen",route="chat"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.0001"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.00025"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.0005"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.001"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.0025"} 0
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.005"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.01"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.025"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.05"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.1"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.25"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="0.5"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="1"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="2.5"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="5"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="10"} 1
+anvilproxy_upstream_connect_seconds_bucket{cold="true",model="qwen",route="chat",le="+Inf"} 1
+anvilproxy_upstream_connect_seconds_sum{cold="true",model="qwen",route="chat"} 0.003
+anvilproxy_upstream_connect_seconds_count{cold="true",model="qwen",route="chat"} 1
 `
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"anvilproxy_requests_total", "anvilproxy_prompt_tokens_total", "anvilproxy_completion_tokens_total",
@@ -229,8 +246,9 @@ func TestMetricNamesAndTypes(t *testing.T) {
 		RetryStats: func() retry.Stats { return retry.Stats{Amplification: 1.5} },
 	})
 	tr := chat()
+	r.Record(&tr) // so that the histograms, whose children appear with data, appear
 	tr.ErrSide, tr.ErrKind = proxy.SideClient, proxy.ErrClientGone
-	r.Record(&tr) // so that the vectors without pre-resolved children appear
+	r.Record(&tr)
 	r.ObserveGap(time.Millisecond)
 	r.ObserveRelay(time.Microsecond)
 
@@ -259,6 +277,9 @@ func TestMetricNamesAndTypes(t *testing.T) {
 		"anvilproxy_prompt_tokens_total":                   C,
 		"anvilproxy_completion_tokens_total":               C,
 		"anvilproxy_cached_prompt_tokens_total":            C,
+		"anvilproxy_cache_reported_prompt_tokens_total":    C,
+		"anvilproxy_cache_inferred_prompt_tokens_total":    C,
+		"anvilproxy_cache_inferable_prompt_tokens_total":   C,
 		"anvilproxy_reasoning_tokens_total":                C,
 		"anvilproxy_inflight_requests":                     G,
 		"anvilproxy_goodput_ratio":                         G,

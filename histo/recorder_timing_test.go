@@ -3,18 +3,33 @@ package histo
 import (
 	"testing"
 	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
 // BenchmarkRecord is the cost of one finished streaming request into every
-// histogram, counter and the window. The target is under 2 µs.
+// histogram, counter, the window and the engine timeline. The target is
+// under 2 µs. The requests arrive 300 ms apart and last 2.3 s, so about
+// eight overlap, as on an engine with a few slots under load.
 func BenchmarkRecord(b *testing.B) {
+	benchmarkRecord(b, 300*time.Millisecond)
+}
+
+// BenchmarkRecordSameStamps records one trace over and over: every
+// request overlaps every other, so each Record scans the whole timeline
+// (occRing requests), the worst case of the occupancy split.
+func BenchmarkRecordSameStamps(b *testing.B) {
+	benchmarkRecord(b, 0)
+}
+
+func benchmarkRecord(b *testing.B, apart time.Duration) {
 	r, _, _ := newTest(b, Config{SLOs: []SLO{{"ttft", 2 * time.Second}, {"tpot", 50 * time.Millisecond}}, Now: time.Now})
 	for i := range modelSamples {
-		tr := idle(int64(4000+i), 8000)
+		tr := monotonic(idle(int64(4000+i), 8000)) // the proxy's stamps carry monotonic readings
 		r.Record(&tr)
 	}
-	tr := monotonic(chat())
-	tr.InflightAtAdmit = 6 // split by the model, like a loaded engine
+	base := monotonic(chat())
+	base.InflightAtAdmit = 6
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
@@ -23,8 +38,21 @@ func BenchmarkRecord(b *testing.B) {
 			r.Rotate() // bound the window's records, as in production; Rotate has its own benchmark
 			b.StartTimer()
 		}
+		tr := shifted(&base, time.Duration(i)*apart)
 		r.Record(&tr)
 	}
+}
+
+// shifted is tr with every stamp moved by d.
+func shifted(tr *proxy.Trace, d time.Duration) proxy.Trace {
+	out := *tr
+	for _, p := range []*time.Time{&out.Recv, &out.Admit, &out.Sent, &out.Headers, &out.FirstEvent,
+		&out.FirstOutput, &out.FirstContent, &out.LastToken, &out.End, &out.ClientDone} {
+		if !p.IsZero() {
+			*p = p.Add(d)
+		}
+	}
+	return out
 }
 
 // BenchmarkRecordParallel is Record from every core at once, with a window

@@ -155,12 +155,17 @@ type Request struct {
 	DecodeRate  Float       `json:"decode_tok_s"`
 	PrefillRate Float       `json:"effective_prefill_tok_s"`
 
-	PromptTokens      Count  `json:"prompt_tokens"`
-	CachedTokens      Count  `json:"cached_tokens"`
-	ReasoningTokens   Count  `json:"reasoning_tokens"`
-	OutputTokens      Count  `json:"output_tokens"`
-	OutputTokenSource string `json:"output_token_source"` // "usage", "chunks" or "" (unknown)
-	UsageSeen         bool   `json:"usage_seen"`
+	PromptTokens Count `json:"prompt_tokens"`
+	CachedTokens Count `json:"cached_tokens"` // as the engine reported them; null when it did not
+	// CacheInferredTokens is the prompt tokens inferred as served from the
+	// engine's prefix cache, from the request's prefill time against the
+	// learned cold rate; null when that cannot be estimated. It is never
+	// mixed with CachedTokens.
+	CacheInferredTokens Count  `json:"cache_inferred_tokens"`
+	ReasoningTokens     Count  `json:"reasoning_tokens"`
+	OutputTokens        Count  `json:"output_tokens"`
+	OutputTokenSource   string `json:"output_token_source"` // "usage", "chunks" or "" (unknown)
+	UsageSeen           bool   `json:"usage_seen"`
 
 	Events          int   `json:"events"`
 	ReasoningChunks int   `json:"reasoning_chunks"`
@@ -186,35 +191,36 @@ type Request struct {
 // Recorder.mu when the request is added to a window.
 func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 	*rq = Request{
-		ID:              tr.ID,
-		Start:           tr.Recv.Round(0).UTC(), // UTC: no *Location to keep per record
-		Route:           tr.Route.String(),
-		Model:           tr.Model,
-		Method:          tr.Method,
-		Path:            tr.Path,
-		Status:          tr.Status,
-		Stream:          tr.Stream,
-		Failed:          tr.Failed(),
-		Truncated:       tr.Truncated,
-		Cold:            tr.Cold,
-		InflightAtAdmit: tr.InflightAtAdmit,
-		Stamps:          stampsOf(tr),
-		Connect:         Span(tr.Connect),
-		QueueSource:     sp.Source,
-		Queue:           spanOf(sp.Queue, sp.OK),
-		Prefill:         spanOf(sp.Prefill, sp.OK),
-		PromptTokens:    Count(tr.PromptTokens),
-		CachedTokens:    Count(tr.CachedTokens),
-		ReasoningTokens: Count(tr.ReasoningTokens),
-		UsageSeen:       tr.UsageSeen,
-		Events:          tr.Events,
-		ReasoningChunks: tr.ReasoningEvents,
-		ContentChunks:   tr.ContentEvents,
-		ToolChunks:      tr.ToolEvents,
-		ReqBytes:        tr.ReqBytes,
-		RespBytes:       tr.RespBytes,
-		PrefixReuse:     prefixReuse(&tr.Prefix),
-		RetryAttempt:    Count(tr.Retry.Attempt), // Record takes inference routes only: always known
+		ID:                  tr.ID,
+		Start:               tr.Recv.Round(0).UTC(), // UTC: no *Location to keep per record
+		Route:               tr.Route.String(),
+		Model:               tr.Model,
+		Method:              tr.Method,
+		Path:                tr.Path,
+		Status:              tr.Status,
+		Stream:              tr.Stream,
+		Failed:              tr.Failed(),
+		Truncated:           tr.Truncated,
+		Cold:                tr.Cold,
+		InflightAtAdmit:     tr.InflightAtAdmit,
+		Stamps:              stampsOf(tr),
+		Connect:             Span(tr.Connect),
+		QueueSource:         sp.Source,
+		Queue:               spanOf(sp.Queue, sp.OK),
+		Prefill:             spanOf(sp.Prefill, sp.OK),
+		PromptTokens:        Count(tr.PromptTokens),
+		CachedTokens:        Count(tr.CachedTokens),
+		CacheInferredTokens: -1, // Record infers it
+		ReasoningTokens:     Count(tr.ReasoningTokens),
+		UsageSeen:           tr.UsageSeen,
+		Events:              tr.Events,
+		ReasoningChunks:     tr.ReasoningEvents,
+		ContentChunks:       tr.ContentEvents,
+		ToolChunks:          tr.ToolEvents,
+		ReqBytes:            tr.ReqBytes,
+		RespBytes:           tr.RespBytes,
+		PrefixReuse:         prefixReuse(&tr.Prefix),
+		RetryAttempt:        Count(tr.Retry.Attempt), // Record takes inference routes only: always known
 	}
 	rq.Conversation, rq.Turn = conversationOf(&tr.Prefix)
 	if tr.ErrKind != proxy.ErrNone {

@@ -14,14 +14,18 @@ type QueueSource string
 
 // Queue sources.
 const (
-	SourceServer  QueueSource = "server"  // the engine reported its queue time
-	SourceLimiter QueueSource = "limiter" // the proxy's limiter held the request; the engine queue is ~0
-	SourceModel   QueueSource = "model"   // estimated from the learned prefill rate
-	SourceNone    QueueSource = "none"    // not enough data: queue and prefill are unknown
+	SourceServer    QueueSource = "server"    // the engine reported its queue time
+	SourceLimiter   QueueSource = "limiter"   // the proxy's limiter held the request; the engine queue is ~0
+	SourceOccupancy QueueSource = "occupancy" // from the engine's slots as the proxy saw them fill and free
+	SourceModel     QueueSource = "model"     // estimated from the learned cold prefill rate
+	SourceNone      QueueSource = "none"      // not enough data: queue and prefill are unknown
 )
 
 // sources lists the sources in a fixed order, for arrays indexed by source.
-var sources = [...]QueueSource{SourceServer, SourceLimiter, SourceModel, SourceNone}
+var sources = [...]QueueSource{SourceServer, SourceLimiter, SourceOccupancy, SourceModel, SourceNone}
+
+// QueueSources returns every queue source, best first.
+func QueueSources() []QueueSource { return append([]QueueSource(nil), sources[:]...) }
 
 func (s QueueSource) index() int {
 	for i, x := range sources {
@@ -47,10 +51,21 @@ type Split struct {
 
 var noSplit = Split{Source: SourceNone}
 
-// Split returns tr's queue/prefill split from the best source available.
-// It reads the learned prefill rate but does not learn from tr; Record does
-// that. It is safe for concurrent use.
+// Split returns tr's queue/prefill split from the engine's report, the
+// limiter or the learned prefill rate: the sources that need no timeline.
+// Record also places tr among the requests around it (SourceOccupancy),
+// which Split does not. It reads the learned rate but does not learn from
+// tr. It is safe for concurrent use.
 func (r *Recorder) Split(tr *proxy.Trace) Split {
+	if sp, done := reportedSplit(tr); done {
+		return sp
+	}
+	return modelSplit(tr, r.model.read())
+}
+
+// reportedSplit is the split when the engine reported its queue or the
+// limiter held tr; done is false when neither did.
+func reportedSplit(tr *proxy.Trace) (Split, bool) {
 	pq, _ := tr.ProxyQueue()
 	ttfo, ok := tr.TTFO()
 	// base is the time from the upstream connection being ready to the first
@@ -59,26 +74,65 @@ func (r *Recorder) Split(tr *proxy.Trace) Split {
 	switch {
 	case tr.ServerQueue >= 0:
 		if tr.ServerPrefill >= 0 {
-			return Split{Queue: pq + tr.ServerQueue, Prefill: tr.ServerPrefill, Source: SourceServer, OK: true}
+			return Split{Queue: pq + tr.ServerQueue, Prefill: tr.ServerPrefill, Source: SourceServer, OK: true}, true
 		}
 		if !ok {
-			return noSplit
+			return noSplit, true
 		}
-		return Split{Queue: pq + tr.ServerQueue, Prefill: max(0, base-tr.ServerQueue), Source: SourceServer, OK: true}
+		return Split{Queue: pq + tr.ServerQueue, Prefill: max(0, base-tr.ServerQueue), Source: SourceServer, OK: true}, true
 	case tr.Limited:
 		if !ok {
-			return noSplit
+			return noSplit, true
 		}
-		return Split{Queue: pq, Prefill: max(0, base), Source: SourceLimiter, OK: true}
+		return Split{Queue: pq, Prefill: max(0, base), Source: SourceLimiter, OK: true}, true
 	}
-	uncached, known := uncachedTokens(tr)
-	rate, learned := r.model.rate()
-	if !ok || !known || !learned {
+	if !ok {
+		return noSplit, true
+	}
+	return Split{}, false
+}
+
+// engineSplit is tr's split given its engine queue from source.
+func engineSplit(tr *proxy.Trace, engineQueue time.Duration, source QueueSource) Split {
+	pq, _ := tr.ProxyQueue()
+	ttfo, _ := tr.TTFO()
+	base := ttfo - pq - tr.Connect
+	engineQueue = min(max(0, engineQueue), max(0, base))
+	return Split{Queue: pq + engineQueue, Prefill: max(0, base-engineQueue), Source: source, OK: true}
+}
+
+// modelSplit is the fallback: the engine queue is what the cold prefill
+// rate leaves of the time to first output.
+func modelSplit(tr *proxy.Trace, rs rates) Split {
+	if _, ok := tr.TTFO(); !ok {
 		return noSplit
 	}
-	est := time.Duration(float64(uncached) / rate * float64(time.Second))
-	engineQueue := max(0, base-est)
-	return Split{Queue: pq + engineQueue, Prefill: max(0, base-engineQueue), Source: SourceModel, OK: true}
+	est, ok := estimate(tr, rs, true)
+	if !ok {
+		return noSplit
+	}
+	pq, _ := tr.ProxyQueue()
+	ttfo, _ := tr.TTFO()
+	return engineSplit(tr, ttfo-pq-tr.Connect-est, SourceModel)
+}
+
+// split is Record's split: the engine's report or the limiter, else the
+// occupancy of the engine's slots, else the rate model. It places tr on
+// the timeline (whatever its source, so that the requests after it see
+// it) and returns where it stood.
+func (r *Recorder) split(tr *proxy.Trace, rs rates) (Split, placement) {
+	est, haveEst := estimate(tr, rs, false)
+	p, warn := r.occ.place(tr, est, haveEst)
+	if warn {
+		r.warnSlots()
+	}
+	if sp, done := reportedSplit(tr); done {
+		return sp, p
+	}
+	if p.ok {
+		return engineSplit(tr, p.queue, SourceOccupancy), p
+	}
+	return modelSplit(tr, rs), p
 }
 
 // uncachedTokens is the prompt tokens the engine had to prefill.
@@ -90,18 +144,24 @@ func uncachedTokens(tr *proxy.Trace) (int64, bool) {
 }
 
 // Model parameters. The median of the last 64 samples follows a change of
-// model or engine within a few minutes of traffic and ignores the odd
-// request that queued behind traffic the proxy cannot see. Prompts under 64
+// model or engine within a few minutes of traffic. Prompts under 64
 // uncached tokens are not learned from: their TTFO is dominated by the first
-// decode step, not by prefill, and would drag the rate down.
+// decode step, not by prefill, and would drag the rate down. A sample more
+// than hitFactor times the rate so far, or from a prompt whose prefix an
+// earlier request had sent for at least hitReuse of it, is a cache hit the
+// engine did not report, and is left out: agents resend a growing prompt
+// every turn, and learning from those turns as if the whole prompt had
+// been prefilled makes the rate absurd (docs/queue-split.md).
 const (
 	modelSamples    = 64
 	modelMinSamples = 8
 	modelMinTokens  = 64
+	hitFactor       = 2.0
+	hitReuse        = 0.5
 )
 
-// rateModel learns the engine's prefill rate (uncached prompt tokens per
-// second) online. It is safe for concurrent use.
+// rateModel learns the engine's cold prefill rate (uncached prompt tokens
+// per second) online. It is safe for concurrent use.
 type rateModel struct {
 	mu     sync.Mutex
 	ring   [modelSamples]float64 // samples in arrival order, oldest at next once full
@@ -110,11 +170,15 @@ type rateModel struct {
 	n      int
 }
 
-// learn adds tr's prefill rate when tr started on an idle engine: with a
-// free slot the engine began prefill at once, so TTFO − proxy queue −
-// connect is prefill plus one decode step.
-func (m *rateModel) learn(tr *proxy.Trace, slots int) {
-	if tr.Failed() || !tr.UsageSeen || tr.InflightAtAdmit >= slots {
+// learn adds tr's prefill rate, judged against the rates rs read before
+// tr was split, when tr found the engine idle (nothing
+// ahead of it: prefill began at once, so TTFO − proxy queue − connect is
+// prefill plus one decode step) and its prompt was not served from cache.
+func (m *rateModel) learn(tr *proxy.Trace, idle bool, rs rates) {
+	if !idle || tr.Failed() || !tr.UsageSeen {
+		return
+	}
+	if tr.Prefix.Tracked && tr.Prefix.Reuse >= hitReuse {
 		return
 	}
 	uncached, ok := uncachedTokens(tr)
@@ -123,9 +187,56 @@ func (m *rateModel) learn(tr *proxy.Trace, slots int) {
 		return
 	}
 	pq, _ := tr.ProxyQueue()
-	if base := ttfo - pq - tr.Connect; base > 0 {
-		m.add(float64(uncached) / base.Seconds())
+	base := ttfo - pq - tr.Connect
+	if base <= 0 {
+		return
 	}
+	x := float64(uncached) / base.Seconds()
+	if rs.any && x > hitFactor*rs.reference {
+		return
+	}
+	m.add(x)
+}
+
+// rates is the model read once per Record: the median (ok once ready)
+// and the reference rate a new sample is judged against (ok with any
+// sample).
+type rates struct {
+	median, reference float64
+	ready, any        bool
+}
+
+// read takes the model's rates under one lock.
+func (m *rateModel) read() rates {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var r rates
+	if m.n >= modelMinSamples {
+		r.median, r.ready = m.medianLocked(), true
+		r.reference, r.any = r.median, true
+	} else if m.n > 0 {
+		r.reference, r.any = m.sorted[0], true
+	}
+	return r
+}
+
+// estimate is the time tr's uncached prompt takes to prefill cold at the
+// model's rates rs. With ready, only a ready model answers (the split's
+// fallback); otherwise any sample does, the slowest standing for the rate
+// until there are enough (the occupancy split's bound on prefill).
+func estimate(tr *proxy.Trace, rs rates, ready bool) (time.Duration, bool) {
+	uncached, known := uncachedTokens(tr)
+	if !known {
+		return 0, false
+	}
+	rate, ok := rs.median, rs.ready
+	if !ready && !ok {
+		rate, ok = rs.reference, rs.any
+	}
+	if !ok || (!ready && uncached < modelMinTokens) {
+		return 0, false
+	}
+	return time.Duration(float64(uncached) / rate * float64(time.Second)), true
 }
 
 // add inserts x, evicting the oldest sample once full. Both arrays are
@@ -151,14 +262,19 @@ func (m *rateModel) add(x float64) {
 func (m *rateModel) rate() (float64, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := m.n
-	if n < modelMinSamples {
+	if m.n < modelMinSamples {
 		return 0, false
 	}
+	return m.medianLocked(), true
+}
+
+// medianLocked is the median of at least one sample; the caller holds m.mu.
+func (m *rateModel) medianLocked() float64 {
+	n := m.n
 	if n%2 == 1 {
-		return m.sorted[n/2], true
+		return m.sorted[n/2]
 	}
-	return (m.sorted[n/2-1] + m.sorted[n/2]) / 2, true
+	return (m.sorted[n/2-1] + m.sorted[n/2]) / 2
 }
 
 // samples returns the number of samples held.
@@ -168,10 +284,24 @@ func (m *rateModel) samples() int {
 	return m.n
 }
 
-// PrefillRate returns the learned prefill rate in uncached prompt tokens
-// per second and the number of samples it rests on; ok is false until
-// there are enough samples for SourceModel. Safe for concurrent use.
+// PrefillRate returns the learned cold prefill rate in uncached prompt
+// tokens per second and the number of samples it rests on; ok is false
+// until there are enough samples for SourceModel and inferred cache hits.
+// Safe for concurrent use.
 func (r *Recorder) PrefillRate() (rate float64, samples int, ok bool) {
 	rate, ok = r.model.rate()
 	return rate, r.model.samples(), ok
+}
+
+// inferCached estimates, at the model's rates rs, the prompt tokens tr had from the engine's prefix
+// cache: the prompt minus what the cold rate prefills in the measured
+// prefill time. -1 when it cannot be estimated (no split, no prompt size,
+// too short a prompt, or too few cold samples). The first decode step is
+// in the prefill time, so the estimate errs toward "not cached".
+func inferCached(tr *proxy.Trace, sp Split, rs rates) int64 {
+	if !sp.OK || sp.Source == SourceModel || tr.PromptTokens < modelMinTokens || !rs.ready {
+		return -1 // the model split assumes a cold prompt: it cannot also say what was cached
+	}
+	prefilled := int64(sp.Prefill.Seconds()*rs.median + 0.5)
+	return min(max(tr.PromptTokens-prefilled, 0), tr.PromptTokens)
 }

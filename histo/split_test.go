@@ -66,8 +66,12 @@ func TestSplitModel(t *testing.T) {
 	loaded.FirstOutput = at(3000) // 500 ms of prefill at 8,000 tokens/s: 2,500 ms queued
 	loaded.FirstContent = loaded.FirstOutput
 
+	// The requests come one after another, 10 s apart: each finds the
+	// engine idle.
+	k := 0
+	apart := func(tr proxy.Trace) proxy.Trace { k++; return shifted(&tr, time.Duration(k)*10*time.Second) }
 	for i := range modelMinSamples - 1 {
-		tr := idle(int64(8000+i*100), 8000)
+		tr := apart(idle(int64(8000+i*100), 8000))
 		r.Record(&tr)
 	}
 	require.Equal(t, noSplit, r.Split(&loaded), "7 samples are not enough")
@@ -75,7 +79,7 @@ func TestSplitModel(t *testing.T) {
 	require.Equal(t, modelMinSamples-1, n)
 	require.False(t, ok)
 
-	ignored := []proxy.Trace{idle(8000, 2000), idle(8000, 2000), idle(40, 100)}
+	ignored := []proxy.Trace{apart(idle(8000, 2000)), apart(idle(8000, 2000)), apart(idle(40, 100))}
 	ignored[0].InflightAtAdmit = 4 // engine busy: not idle
 	ignored[1].Status = 500        // failed
 	// ignored[2]: too few uncached tokens
@@ -85,7 +89,7 @@ func TestSplitModel(t *testing.T) {
 	_, n, _ = r.PrefillRate()
 	require.Equal(t, modelMinSamples-1, n)
 
-	tr := idle(9000, 8000)
+	tr := apart(idle(9000, 8000))
 	r.Record(&tr)
 	rate, n, ok := r.PrefillRate()
 	require.True(t, ok)
@@ -109,6 +113,13 @@ func TestSplitModel(t *testing.T) {
 	got = r.Split(&cached)
 	require.InDelta(t, float64(ms2d(2500)), float64(got.Queue), float64(time.Microsecond))
 
+	// Record falls back to the model when the timeline cannot place the
+	// request: more requests overlapped it than the timeline keeps.
+	for range occRing {
+		f := chat()
+		f.Status = 500 // never learned from
+		r.Record(&f)
+	}
 	r.Record(&loaded)
 	rq := r.Recent(1)[0]
 	require.Equal(t, SourceModel, rq.QueueSource)

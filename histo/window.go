@@ -48,6 +48,11 @@ type Window struct {
 	Ledger        *LedgerSection
 	Concurrency   *ConcurrencySection
 	Quality       *QualitySection
+	// Cache is the window's prefix-cache figures, engine-reported and
+	// inferred side by side; Slots the engine's slot count as the
+	// occupancy split used it when the window ended. Nil for Cumulative.
+	Cache *CacheSection
+	Slots *SlotsSection
 }
 
 // Encode returns every histogram in the HdrHistogram V2 compressed
@@ -85,6 +90,7 @@ type window struct {
 	ledger  ledgerTally
 	knee    kneeTally
 	conv    convTally
+	cache   cacheTally
 }
 
 // newWindow returns the window starting at start, the gen-th since New,
@@ -175,6 +181,9 @@ func (r *Recorder) Rotate() *Window {
 	out.Conversations = old.conv.section()
 	out.Ledger = old.ledger.section()
 	out.Concurrency = old.knee.section()
+	out.Cache = old.cache.section()
+	slots := r.Slots()
+	out.Slots = &slots
 	quality := r.self.rotate()
 	out.Quality = r.self.section(&quality)
 	return out
@@ -196,6 +205,7 @@ func (r *Recorder) Current() *Window {
 	cur.knee = r.cur.knee.clone()
 	cur.conv = r.cur.conv.clone()
 	cur.conv.sealed = r.convs.seal(cur.conv.gen)
+	cache := cur.cache.section()
 	for m := range numRequestMetrics {
 		out.Hist[m], out.Clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
 	}
@@ -214,6 +224,9 @@ func (r *Recorder) Current() *Window {
 	out.Conversations = cur.conv.section()
 	out.Ledger = cur.ledger.section()
 	out.Concurrency = cur.knee.section()
+	out.Cache = cache
+	slots := r.Slots()
+	out.Slots = &slots
 	quality := r.self.current()
 	out.Quality = r.self.section(&quality)
 	return out

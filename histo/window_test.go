@@ -25,7 +25,7 @@ func TestRotate(t *testing.T) {
 	require.Equal(t, int64(2), w.Hist[MetricTTFT].TotalCount())
 	require.Equal(t, int64(1), w.Hist[MetricInterEvent].TotalCount())
 	require.Equal(t, int64(1), w.Hist[MetricOverhead].TotalCount())
-	require.Equal(t, int64(2), w.QueueSources[SourceNone])
+	require.Equal(t, int64(2), w.QueueSources[SourceOccupancy])
 	require.Equal(t, int64(2), w.Goodput.Requests)
 
 	// The next window starts empty where the last one ended.

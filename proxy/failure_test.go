@@ -201,3 +201,30 @@ func TestMalformedSSEForwardedAndCounted(t *testing.T) {
 	require.Equal(t, 1, tr.ContentEvents)
 	require.False(t, tr.FirstContent.IsZero())
 }
+
+// TestTruncatedStreamIsAFailure: a stream that ends cleanly (HTTP 200, the
+// chunked terminator) but without finish_reason, usage or [DONE], as
+// ollama's do when it stops a repeating generation, is relayed as it came
+// and recorded as an upstream failure of kind truncated.
+func TestTruncatedStreamIsAFailure(t *testing.T) {
+	const event = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		sseHeaders(w)
+		fmt.Fprint(w, event)
+	})
+	log := newTraceLog()
+	base, _ := startProxy(t, Config{Upstream: up.URL}, log)
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err, "the proxy forwards the stream as the engine ended it")
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, event, string(got))
+	tr := log.next(t)
+	require.True(t, tr.Truncated)
+	require.Equal(t, SideUpstream, tr.ErrSide)
+	require.Equal(t, ErrTruncated, tr.ErrKind)
+	require.Equal(t, "truncated", tr.ErrKind.String())
+	require.True(t, tr.Failed())
+}

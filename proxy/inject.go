@@ -56,8 +56,10 @@ func injectedUsageEvent(f sse.Flags) bool {
 // injected usage-only one, and holds back an incomplete event until its end
 // arrives. It returns the bytes to forward now, valid until the next call.
 // This path measures before it forwards, so it is opt-in (DESIGN.md §3).
+// Trace.RespBytes counts what is forwarded, so the hidden event is not in
+// it: response_bytes is what the client received (WriteTo adds the held
+// tail it forwards at EOF).
 func (r *relay) filter(b []byte, t time.Time) []byte {
-	r.tr.RespBytes += int64(len(b))
 	r.hold = append(r.hold, b...)
 	r.parser.Feed(b)
 	out, cut := r.out[:0], 0
@@ -89,5 +91,6 @@ func (r *relay) filter(b []byte, t time.Time) []byte {
 	r.holdOff += int64(cut)
 	r.hold = r.hold[:copy(r.hold, r.hold[cut:])]
 	r.out = out
+	r.tr.RespBytes += int64(len(out))
 	return out
 }

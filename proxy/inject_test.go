@@ -68,3 +68,22 @@ func TestInjectUsageInvisibleToClient(t *testing.T) {
 	require.Equal(t, "usage", src)
 	require.Equal(t, int64(30), n)
 }
+
+// TestInjectUsageResponseBytes: response_bytes is what the client got,
+// not counting the usage event the proxy hid from it.
+func TestInjectUsageResponseBytes(t *testing.T) {
+	_, up := startSim(t, fastSim)
+	log := newTraceLog()
+	base, _ := startProxy(t, Config{Upstream: up, InjectUsage: true}, log)
+	body := `{"model":"m","stream":true,"max_tokens":30,"messages":[{"role":"user","content":"count"}]}`
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	require.NoError(t, err)
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	tr := log.next(t)
+	require.True(t, tr.UsageInject)
+	require.True(t, tr.UsageSeen, "the proxy read the hidden usage event")
+	require.NotContains(t, string(got), `"usage"`)
+	require.Equal(t, int64(len(got)), tr.RespBytes)
+}

@@ -570,6 +570,12 @@ func (p *Proxy) finish(r *relay) {
 	if r.isSSE && r.parser.Pending() > 0 {
 		tr.Truncated = true
 	}
+	if tr.Truncated && r.proto != sse.ProtocolUnknown {
+		// A failure, though the status was 200: the client got a cut
+		// generation (ollama ends a stream so, with no finish_reason).
+		// A stream of unknown protocol has no end marker to miss.
+		r.fail(SideUpstream, ErrTruncated)
+	}
 	p.readUsage(r)
 	tr.Model = p.models.label(requestModel(r.req.Body()))
 	if r.attempt {
@@ -716,6 +722,7 @@ func (p *Proxy) logTrace(tr *Trace) {
 		zap.Bool("cold", tr.Cold),
 		zap.Stringer("error_side", tr.ErrSide),
 		zap.Stringer("error", tr.ErrKind),
+		zap.Bool("truncated", tr.Truncated),
 	)
 }
 

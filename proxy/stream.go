@@ -124,6 +124,7 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 						return total, werr
 					}
 					total += int64(len(r.hold))
+					r.tr.RespBytes += int64(len(r.hold))
 				}
 				return total, nil
 			}

@@ -44,11 +44,27 @@ const (
 	ErrBadRequest              // the request could not be read
 	ErrPoolExhausted           // no free upstream connection within the wait
 	ErrLimited                 // the local limiter's queue was full or the wait too long
+	ErrTruncated               // the upstream stream ended (cleanly, HTTP 200) without its end marker
 	ErrShutdown                // cut when the shutdown grace ran out
 	ErrOverloaded              // the proxy's memory bound for request bodies was reached
+	numErrKinds
 )
 
-var errKindNames = [...]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited", "shutdown", "overloaded"}
+var errKindNames = [numErrKinds]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited", "truncated", "shutdown", "overloaded"}
+
+// ErrorLabels are the (side, kind) pairs a request can end with, for
+// exporting every error series at 0 before the first error. Keep in step
+// with the fail calls: a pair missing here still counts, from its first
+// occurrence.
+var ErrorLabels = [...]struct {
+	Side Side
+	Kind ErrKind
+}{
+	{SideClient, ErrBadRequest}, {SideClient, ErrBodyTooLarge}, {SideClient, ErrClientGone},
+	{SideProxy, ErrPoolExhausted}, {SideProxy, ErrLimited}, {SideProxy, ErrShutdown}, {SideProxy, ErrOverloaded},
+	{SideUpstream, ErrConnect}, {SideUpstream, ErrUpstreamTimeout}, {SideUpstream, ErrUpstreamBroken},
+	{SideUpstream, ErrPoolExhausted}, {SideUpstream, ErrTruncated},
+}
 
 func (k ErrKind) String() string {
 	if int(k) < len(errKindNames) {
@@ -72,7 +88,7 @@ type Trace struct {
 	ErrSide   Side
 	ErrKind   ErrKind
 	ReqBytes  int64 // request body bytes from the client
-	RespBytes int64 // response body bytes written to the client
+	RespBytes int64 // response body bytes the client was sent (an event hidden by --inject-usage is not counted)
 
 	// Stamps, all from the proxy's monotonic clock.
 	Recv         time.Time // request headers read from the client
@@ -117,7 +133,7 @@ type Trace struct {
 	ToolEvents      int
 	EmptyEvents     int  // role-only, empty-delta and other events without output
 	ParseErrors     int  // malformed SSE (oversized events) or unparsable event data
-	Truncated       bool // the upstream stream ended without its end marker
+	Truncated       bool // the upstream stream ended without its end marker (ErrKind is then ErrTruncated unless it failed otherwise first)
 
 	// Token usage as reported by the engine; -1 when unknown.
 	PromptTokens     int64

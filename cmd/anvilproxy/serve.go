@@ -91,7 +91,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
 	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
-	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 4, "the upstream engine's concurrent sequences; requests admitted below it teach the prefill-rate model")
+	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 0, "a hint of the upstream engine's concurrent sequences for the queue/prefill split; 0: learn it from observation (evidence overrides a hint, with a warning)")
 	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server root URL, http(s)://host:port[/prefix], without the /v1 of its OpenAI base URL (the client's /v1/... path is appended); "sim" starts the simulated engine in-process on a loopback port`)
 	fs.DurationVar(&f.probeEvery, "upstream-probe-interval", defaultProbeEvery, "how often a TCP connect checks that the upstream is reachable, for /readyz (ready while the newest evidence, probe or traffic, is a success and younger than 3 intervals); 0 judges by traffic alone")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error (one info line per request)")
@@ -218,6 +218,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	hcfg.SLOs = f.slos
 	hcfg.Inflight = func() int64 { return st.proxy.Inflight() }
 	hcfg.RetryStats = func() retry.Stats { return st.proxy.Retries().Stats() }
+	hcfg.Log = log
 	st.reg = prometheus.NewRegistry()
 	st.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if st.rec, err = histo.New(hcfg, st.reg); err != nil {

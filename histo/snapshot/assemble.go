@@ -56,6 +56,8 @@ type part struct {
 	ledger        *histo.LedgerSection
 	concurrency   *histo.ConcurrencySection
 	quality       *histo.QualitySection
+	cache         *histo.CacheSection // nil: unknown (a benchmark file, an older proxy)
+	slots         *histo.SlotsSection // nil: unknown
 
 	queueSources map[string]int64
 	clamped      map[string]int64

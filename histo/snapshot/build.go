@@ -77,6 +77,8 @@ func windowPart(w *histo.Window, pm PrefillModel) *part {
 		ledger:        w.Ledger,
 		concurrency:   w.Concurrency,
 		quality:       w.Quality,
+		cache:         w.Cache,
+		slots:         w.Slots,
 		queueSources:  make(map[string]int64, len(w.QueueSources)),
 		clamped:       make(map[string]int64, histo.NumMetrics),
 		dropped:       w.Dropped,
@@ -124,6 +126,7 @@ func ms(s histo.Span) Num { return Num(s.Millis()) }
 
 func timingOf(rq *histo.Request) Timing {
 	t := unknownTiming()
+	t.CacheInferredTokens = rq.CacheInferredTokens
 	t.CachedTokens = rq.CachedTokens
 	t.ConnectMs = ms(rq.Connect)
 	t.ContentChunks = histo.Count(rq.ContentChunks)
@@ -161,6 +164,7 @@ func timingOf(rq *histo.Request) Timing {
 
 func failureOf(rq *histo.Request) Failure {
 	f := Failure{
+		CacheInferredTokens: rq.CacheInferredTokens,
 		CachedTokens:        rq.CachedTokens,
 		E2EMs:               ms(rq.E2E),
 		ErrorKind:           str(rq.ErrKind),

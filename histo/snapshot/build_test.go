@@ -126,9 +126,9 @@ func TestBuildCountsAndFailures(t *testing.T) {
 	var f map[string]any
 	require.NoError(t, json.Unmarshal(doc.Failures[0], &f))
 	require.Equal(t, map[string]any{
-		"cached_tokens": 2250.0, "e2e_ms": 2751.0, "error_kind": "upstream_broken", "error_side": "upstream",
-		"model": "qwen", "output_tokens": 105.0, "prefill_ms": nil, "prompt_tokens": 10500.0, "queue_ms": nil,
-		"queue_source": "none", "request_index": 5.0, "retry_attempt": 0.0, "route": "chat",
+		"cache_inferred_tokens": nil, "cached_tokens": 2250.0, "e2e_ms": 2751.0, "error_kind": "upstream_broken", "error_side": "upstream",
+		"model": "qwen", "output_tokens": 105.0, "prefill_ms": 484.5, "prompt_tokens": 10500.0, "queue_ms": 0.0,
+		"queue_source": "occupancy", "request_index": 5.0, "retry_attempt": 0.0, "route": "chat",
 		"started_at_unix_ns": float64(t0.Add(5 * time.Second).UnixNano()), "status": 200.0, "time_to_first_output_ms": 485.0,
 		"truncated": true, "ttft_ms": nil,
 	}, f, "sanitized: metadata and the timings known when it failed")
@@ -165,11 +165,18 @@ func TestBuildCountsAndFailures(t *testing.T) {
 	require.Equal(t, int64(24), sources)
 	require.Positive(t, ext.QueueSplit["server"].QueueMs.Samples)
 	require.Positive(t, ext.QueueSplit["limiter"].QueueMs.Samples)
-	require.Positive(t, ext.QueueSplit["model"].QueueMs.Samples, "the model learned from the first requests")
+	require.Positive(t, ext.QueueSplit["occupancy"].QueueMs.Samples, "the rest are placed on the engine's timeline")
 	require.Len(t, ext.Distributions, len(phases))
 	split := ext.QueueSplit
 	require.Equal(t, ext.Distributions["queue_ms"].Samples,
-		split["server"].QueueMs.Samples+split["limiter"].QueueMs.Samples+split["model"].QueueMs.Samples)
+		split["server"].QueueMs.Samples+split["limiter"].QueueMs.Samples+split["occupancy"].QueueMs.Samples+split["model"].QueueMs.Samples)
+	var cache histo.CacheSection
+	require.NoError(t, json.Unmarshal(ext.Cache, &cache))
+	require.Equal(t, int64(24), cache.Requests)
+	require.Equal(t, int64(24), cache.EngineReported.Requests, "every synthetic trace reports cached tokens")
+	var slots histo.SlotsSection
+	require.NoError(t, json.Unmarshal(ext.EngineSlots, &slots))
+	require.Equal(t, histo.SlotsLearned, slots.State)
 	require.Zero(t, split["none"].QueueMs.Samples, "no split: queue is null, not 0")
 	var ps histo.PrefixSection
 	require.NoError(t, json.Unmarshal(ext.Prefix, &ps))

@@ -16,6 +16,11 @@ import (
 // beyond the benchmark's keys, and the HDR histograms that make windows and
 // replicas merge exactly. Fields are in the order of their JSON keys.
 type Extension struct {
+	// Cache is histo.CacheSection: the prompt tokens served from the
+	// engine's prefix cache as the engine reported them and as the proxy
+	// inferred them from prefill times, side by side, never mixed; null in
+	// merges of files that have none.
+	Cache json.RawMessage `json:"cache"`
 	// Clamped counts, per metric, the values recorded at the end of the HDR
 	// range because they fell outside it.
 	Clamped map[string]int64 `json:"clamped"`
@@ -35,6 +40,11 @@ type Extension struct {
 	// are in the histograms, counts and goodput but not in request_timings
 	// or failures.
 	DroppedRecords int64 `json:"dropped_records"`
+	// EngineSlots is histo.SlotsSection: the engine's slot count behind
+	// queue_source "occupancy" when the latest window ended, the
+	// --engine-slots hint and whether the evidence contradicted it; null
+	// in merges of files that have none.
+	EngineSlots json.RawMessage `json:"engine_slots"`
 	// Goodput is against the SLOs configured with --slo, with the
 	// goodput-vs-budget curve of each.
 	Goodput histo.Goodput `json:"goodput"`
@@ -207,7 +217,23 @@ func (pop *population) sections(ext *Extension) error {
 	if q != nil && q.Verdict == histo.VerdictNoisy {
 		ext.Notes = append(ext.Notes, "the host was noisy in at least one window (measurement_quality): the proxy's stamps may include its scheduling delays")
 	}
-	var errs [6]error
+	var errs [8]error
+	caches := make([]*histo.CacheSection, n)
+	var slots *histo.SlotsSection
+	var latest int64
+	for i, p := range pop.parts {
+		caches[i] = p.cache
+		if p.slots != nil && (slots == nil || p.end >= latest) {
+			slots, latest = p.slots, p.end
+		}
+	}
+	cache := histo.MergeCache(caches...)
+	ext.Notes = append(ext.Notes, cacheNotes(cache)...)
+	if slots != nil && (slots.State == histo.SlotsHintLow || slots.State == histo.SlotsHintHigh) {
+		ext.Notes = append(ext.Notes, "the --engine-slots hint disagreed with what the proxy observed (engine_slots.state): the occupancy queue/prefill split used the observed slot count")
+	}
+	ext.Cache, errs[6] = rawSection(cache)
+	ext.EngineSlots, errs[7] = rawSection(slots)
 	ext.Retry, errs[0] = rawSection(histo.MergeRetry(retries...))
 	ext.Prefix, errs[1] = rawSection(histo.MergePrefix(prefixes...))
 	ext.Conversations, errs[2] = rawSection(histo.MergeConversations(convs...))
@@ -217,11 +243,23 @@ func (pop *population) sections(ext *Extension) error {
 	return errors.Join(errs[:]...)
 }
 
+// cacheNotes says what a reader of the cache figures must know.
+func cacheNotes(c *histo.CacheSection) []string {
+	if c == nil || c.Requests == 0 {
+		return nil
+	}
+	var out []string
+	if c.EngineReported.Requests == 0 {
+		out = append(out, "the engine reported no cached prompt tokens: cache.engine_reported has no data (not 0%); cache.inferred is the proxy's estimate from prefill times")
+	}
+	return out
+}
+
 // queueSplit is requests per queue source and, over the successful
 // requests with a record, their queue and prefill distributions.
 func (pop *population) queueSplit() map[string]SourceSplit {
 	requests := make(map[string]int64)
-	for _, s := range []histo.QueueSource{histo.SourceServer, histo.SourceLimiter, histo.SourceModel, histo.SourceNone} {
+	for _, s := range histo.QueueSources() {
 		requests[string(s)] = 0
 	}
 	for _, p := range pop.parts {

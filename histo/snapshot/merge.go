@@ -95,7 +95,9 @@ func docPart(d *Document) (*part, error) {
 // sections reads the extension's sections; a missing or null one stays
 // nil.
 func (p *part) sections(ext *Extension) error {
-	var errs [6]error
+	var errs [8]error
+	p.cache, errs[6] = section[histo.CacheSection](ext.Cache, "cache")
+	p.slots, errs[7] = section[histo.SlotsSection](ext.EngineSlots, "engine_slots")
 	p.prefix, errs[0] = section[histo.PrefixSection](ext.Prefix, "prefix")
 	p.retry, errs[1] = section[histo.RetrySection](ext.Retry, "retry")
 	p.conversations, errs[2] = section[histo.ConversationsSection](ext.Conversations, "conversations")

@@ -78,6 +78,7 @@ type Document struct {
 // the benchmark's per-request keys, then the proxy's (addedTimingKeys).
 // Unknown values are null (Num NaN, histo.Count −1, nil), never 0.
 type Timing struct {
+	CacheInferredTokens      histo.Count     `json:"cache_inferred_tokens"` // the proxy's inference; never mixed into cached_tokens
 	CachedTokens             histo.Count     `json:"cached_tokens"`
 	ConnectMs                Num             `json:"connect_ms"`
 	ContentChunks            histo.Count     `json:"content_chunks"`
@@ -120,14 +121,14 @@ type Timing struct {
 // requests by.
 var addedTimingKeys = [...]string{
 	"queue_ms", "prefill_ms", "queue_source", "cached_tokens", "prefix_reuse", "retry_attempt", "status", "model", "route",
-	"connect_ms", "proxy_queue_ms", "reasoning_ms", "reasoning_tokens", "started_at_unix_ns",
+	"connect_ms", "proxy_queue_ms", "reasoning_ms", "reasoning_tokens", "started_at_unix_ns", "cache_inferred_tokens",
 }
 
 // unknownTiming is a Timing with every value unknown: what a key absent
 // from a file decodes to.
 func unknownTiming() Timing {
 	return Timing{
-		CachedTokens: -1, ConnectMs: nan, ContentChunks: -1, DecodeTokS: nan, E2EMs: nan,
+		CacheInferredTokens: -1, CachedTokens: -1, ConnectMs: nan, ContentChunks: -1, DecodeTokS: nan, E2EMs: nan,
 		EffectivePrefillTokS: nan, GenerationMs: nan, MeanInterTokenLatencyMs: nan, MeanTimePerOutputTokenMs: nan,
 		OutputTokens: -1, PrefillMs: nan, PrefixReuse: nan, PromptTokens: -1, ProxyQueueMs: nan, QueueMs: nan,
 		ReasoningChunks: -1, ReasoningMs: nan, ReasoningTokens: -1, RetryAttempt: -1, StartedAtUnixNs: -1,
@@ -153,6 +154,7 @@ func (t *Timing) UnmarshalJSON(b []byte) error {
 // retain sanitized timing and metadata but are excluded from performance
 // distributions").
 type Failure struct {
+	CacheInferredTokens histo.Count `json:"cache_inferred_tokens"`
 	CachedTokens        histo.Count `json:"cached_tokens"`
 	E2EMs               Num         `json:"e2e_ms"`
 	ErrorKind           *string     `json:"error_kind"` // proxy.ErrKind; null for an HTTP error status alone

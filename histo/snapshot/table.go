@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/anvilproxy/anvilproxy/histo"
 )
 
 // WriteTable prints doc, from Build or Merge, as the phase table of "anvilproxy report": where
@@ -45,7 +47,14 @@ func WriteTable(w io.Writer, doc *Document) error {
 	add(&rates, "effective prefill", metricStats(doc, "effective_prefill_tok_s", false))
 	writeTables(&b, lat, rates)
 
-	fmt.Fprintf(&b, "cache hit   %s\n", cacheHitText(doc, ext))
+	writeCache(&b, doc, ext)
+	if slots, err := section[histo.SlotsSection](ext.EngineSlots, "engine_slots"); err == nil && slots != nil {
+		hint := "none"
+		if slots.Hint >= 0 {
+			hint = fmt.Sprint(slots.Hint)
+		}
+		fmt.Fprintf(&b, "engine      %d slots for the occupancy split (%s; --engine-slots %s)\n", slots.Effective, slots.State, hint)
+	}
 	thr := metricNum(doc.Metrics["throughput_tok_s"])
 	fmt.Fprintf(&b, "throughput  %s tok/s output\n", num(thr))
 	g := ext.Goodput
@@ -156,4 +165,24 @@ func writeTables(b *strings.Builder, tables ...[][]string) {
 		}
 		b.WriteByte('\n')
 	}
+}
+
+// writeCache prints the engine's cache figure and the proxy's inferred
+// one side by side; a figure the engine never reported is "not reported",
+// not 0%.
+func writeCache(b *strings.Builder, doc *Document, ext *Extension) {
+	reported := cacheHitText(doc, ext)
+	if ext.PrefixCacheHitSamples == 0 {
+		reported = "not reported"
+	}
+	cache, err := section[histo.CacheSection](ext.Cache, "cache")
+	if err != nil || cache == nil {
+		fmt.Fprintf(b, "cache hit   engine-reported %s\n", reported)
+		return
+	}
+	inferred := "-"
+	if cache.Inferred.Requests > 0 {
+		inferred = fmt.Sprintf("%s of %d prompt tokens (%d requests)", percent(Num(cache.Inferred.Ratio)), cache.Inferred.PromptTokens, cache.Inferred.Requests)
+	}
+	fmt.Fprintf(b, "cache hit   engine-reported %s; inferred from prefill time %s\n", reported, inferred)
 }

@@ -32,7 +32,7 @@
   // With --admin-token, open the dashboard as /#token=THE-TOKEN: the
   // fragment never leaves the browser, and the token is sent as a bearer
   // credential to the endpoints that need it.
-  const token = new URLSearchParams(location.hash.slice(1)).get("token");
+  const token = typeof location === "undefined" ? null : new URLSearchParams(location.hash.slice(1)).get("token");
   const auth = token ? { Authorization: "Bearer " + token } : {};
 
   async function getJSON(path) {
@@ -330,7 +330,7 @@
     const parts = [`${r.route} ${r.model || ""} status ${r.status}${r.failed ? " FAILED " + (r.error_kind || "") : ""}`,
       `queue ${fmtMs(r.queue_ms)} (${r.queue_source}) · prefill ${fmtMs(r.prefill_ms)} · ttfo ${fmtMs(r.time_to_first_output_ms)} · ttft ${fmtMs(r.ttft_ms)}`,
       `reasoning ${fmtMs(r.reasoning_ms)} · generation ${fmtMs(r.generation_ms)} · tpot ${fmtMs(r.tpot_ms)} · e2e ${fmtMs(r.e2e_ms)}`,
-      `prompt ${r.prompt_tokens} (cached ${r.cached_tokens}) · output ${r.output_tokens} (reasoning ${r.reasoning_tokens})`];
+      `prompt ${r.prompt_tokens} (cached: engine ${r.cached_tokens}, inferred ${r.cache_inferred_tokens}) · output ${r.output_tokens} (reasoning ${r.reasoning_tokens})`];
     if (known(r.retry_attempt) && r.retry_attempt > 0) parts.push(`retry attempt ${r.retry_attempt}`);
     return parts.join("\n");
   }
@@ -403,14 +403,23 @@
     let b = "";
     for (const f of [0, 0.5, 1]) b += `<line class="grid" x1="${L}" x2="${W - R}" y1="${Y(f)}" y2="${Y(f)}"/><text x="${L - 4}" y="${Y(f) + 3}" text-anchor="end">${f * 100}%</text>`;
     b += `<text x="${L}" y="${H - 3}">${spanText(t - x0)}</text><text x="${W - R}" y="${H - 3}" text-anchor="end">now</text>`;
-    // The proxy's squares first, the engine's dots over them: where both
-    // agree (the usual case) the dot stays visible inside its square.
-    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0, dots = "";
+    // The engine's word (dots) and the proxy's inference from prefill time
+    // (crosses) are kept apart, never summed: an engine that reports
+    // nothing has no engine figure, not 0%. The proxy's squares go first,
+    // the engine's dots over them: where both agree (the usual case) the
+    // dot stays visible inside its square.
+    let cached = 0, prompt = 0, reuseN = 0, reuseSum = 0, inferred = 0, inferable = 0, dots = "";
     for (const r of recs) {
       if (known(r.cached_tokens)) {
         cached += r.cached_tokens;
         prompt += r.prompt_tokens;
         dots += `<circle class="dot-cache" cx="${X(r._fin).toFixed(1)}" cy="${Y(r.cached_tokens / r.prompt_tokens).toFixed(1)}" r="2.4"/>`;
+      }
+      if (known(r.cache_inferred_tokens)) {
+        inferred += r.cache_inferred_tokens;
+        inferable += r.prompt_tokens;
+        const x = X(r._fin), y = Y(r.cache_inferred_tokens / r.prompt_tokens);
+        b += `<path class="dot-inferred" d="M${(x - 2.5).toFixed(1)} ${(y - 2.5).toFixed(1)}l5 5m0 -5l-5 5"/>`;
       }
       if (known(r.prefix_reuse)) {
         reuseN++;
@@ -421,7 +430,9 @@
     b += dots;
     el.innerHTML = svg(W, H, b, "prefix cache hit per request over time");
     const reuse = reuseN ? `proxy-side prefix reuse ${pct(reuseSum / reuseN)} mean over ${reuseN} (squares)` : "prefix reuse n/a (the proxy reports none)";
-    note.textContent = `engine cache hit ${prompt ? pct(cached / prompt) : "–"} of ${fmtTok(prompt)} prompt tokens (token-weighted), ${spanText(t - x0).slice(1)} (dots) · ${reuse}`;
+    const engine = prompt ? `engine-reported cache hit ${pct(cached / prompt)} of ${fmtTok(prompt)} prompt tokens (token-weighted; dots)` : "engine-reported cache hit: not reported";
+    const guess = inferable ? `inferred from prefill time ${pct(inferred / inferable)} of ${fmtTok(inferable)} (crosses)` : "inferred: – (no cold prefill rate yet)";
+    note.textContent = `${engine} · ${guess}, ${spanText(t - x0).slice(1)} · ${reuse}`;
   }
 
   // windowName names the window the snapshot panels show.

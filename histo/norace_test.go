@@ -1,0 +1,5 @@
+//go:build !race
+
+package histo_test
+
+const raceEnabled = false

@@ -1,0 +1,372 @@
+package histo
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// The occupancy split (queue_source "occupancy", docs/queue-split.md):
+// when the proxy is the engine's front door it sees every request arrive
+// and end. On an engine that serves at most S requests at once, first come
+// first served, a request that arrived with n requests ahead of it began
+// prefill at once when n < S, and otherwise when the (n−S+1)-th of them
+// ended. S is learned from the same evidence.
+
+// Occupancy parameters.
+const (
+	// occRing is the number of recent requests kept to place the requests
+	// after them; occMaxAhead the most requests ahead of one that are
+	// looked at. Beyond either, the split falls back to the rate model.
+	occRing     = 4096
+	occMaxAhead = 256
+	// occSettle bounds how far Record order may lag release order (both
+	// happen on the request's goroutine, microseconds apart): the scan for
+	// the requests ahead stops at the first one released this long before
+	// the request was admitted.
+	occSettle = 50 * time.Millisecond
+	// endTolerance counts an end that the proxy saw this soon after a
+	// request's first output as before it: the engine may send one
+	// request's first token before the other's [DONE] is read.
+	endTolerance = 5 * time.Millisecond
+	// orderWindow: two requests the proxy sent this close together may
+	// reach the engine in either order (the engine's goroutines and
+	// sockets, not the proxy's stamps, decide); on a one-slot engine the
+	// one whose first output came first was ahead.
+	orderWindow = 10 * time.Millisecond
+	// overlapTolerance: a request counts as running beside another only
+	// when it ran on this long past the other's first output, so that a
+	// slot handed over while the proxy's reader of the first stream was
+	// descheduled (tens of milliseconds on a starved host) never looks
+	// like two slots. Real neighbours overlap for whole generations.
+	overlapTolerance = 25 * time.Millisecond
+	// tailMargin: a request released (its last byte written to its
+	// client) this long after another's first output is not looked at as
+	// ahead of it. Its slot went with its last token, and the time from
+	// there to the client's last byte is the client's: a second covers a
+	// slow reader.
+	tailMargin = time.Second
+	// epochMargin puts the timeline's zero this far before the first
+	// request recorded (see rel).
+	epochMargin = 24 * time.Hour
+	// sweepMax bounds the requests the concurrency sweep looks at.
+	sweepMax = 64
+	// A request "waited for another's end" (tight) when it would otherwise
+	// have spent at least minWait in the engine before that end, and its
+	// first output followed the end within what its prefill can take:
+	// prefillSlack × the cold-rate estimate + slackTime, or, without an
+	// estimate, within tightGap and a quarter of the wait.
+	minWait      = 25 * time.Millisecond
+	prefillSlack = 1.5
+	slackTime    = 25 * time.Millisecond
+	tightGap     = 50 * time.Millisecond
+)
+
+// occEntry is one recorded request on the engine's timeline, in
+// nanoseconds since occupancy.epoch.
+type occEntry struct {
+	occupies bool  // an inference request: it held a slot (other routes only count in flight)
+	admit    int64 // passed the proxy's limiter (t_admit)
+	arrive   int64 // its upstream connection was ready (t_admit + connect): its place in the engine's queue
+	first    int64 // its first output (-1: none): it held a slot from then on
+	end      int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
+	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
+}
+
+// placement is where a request stood on the engine's timeline.
+type placement struct {
+	ok    bool          // every request ahead was seen: the split can rest on occupancy
+	ahead int           // requests in the engine when it arrived
+	queue time.Duration // engine queue: arrival (after connect) to prefill start
+	// streams is a hard lower bound on the engine's slots: the most
+	// recorded requests seen producing output at one instant with it,
+	// itself included. inEngine counts the requests ahead that had not
+	// ended by its first output, and itself, the unrecorded ones
+	// included; it can overcount (requests sent together may reach the
+	// engine in the other order), so it only ever argues against a hint.
+	streams, inEngine int
+	tight             bool // its first output came right after another's end
+}
+
+// occupancy is the engine's timeline as the proxy sees it: the recent
+// requests, and the slot count learned from them. It is safe for
+// concurrent use; its mutex is held for the scan of the requests that
+// overlapped one request (a few hundred nanoseconds).
+type occupancy struct {
+	mu    sync.Mutex
+	epoch time.Time
+	set   bool
+	ring  [occRing]occEntry // in Record order, newest at next−1
+	next  int
+	n     int
+	ends  [occMaxAhead]int64 // scratch: ends of the requests ahead
+	runs  [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
+	nRuns int
+	slots slotLearner
+}
+
+// rel is t in nanoseconds since the epoch; absent is -1, never a real
+// offset: the epoch is a day before the first request recorded, so a
+// request received before that one (and still running) has positive
+// offsets too.
+func (o *occupancy) rel(t time.Time) int64 {
+	if t.IsZero() {
+		return -1
+	}
+	return int64(t.Sub(o.epoch))
+}
+
+// entryOf is tr on the timeline; ok is false when tr never reached the
+// engine.
+func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
+	if tr.Sent.IsZero() || tr.Admit.IsZero() {
+		return occEntry{}, false // it never reached the engine
+	}
+	// The engine lets a slot go with the last token; the end of the
+	// stream ([DONE], usage) is written after, and a successor's first
+	// token can beat it to the proxy.
+	// The queue order is taken from t_admit + connect, not t_sent:
+	// t_sent is stamped after the write returns, so a reader descheduled
+	// there stamps it late although the engine already has the request
+	// (a later request then looks ahead of it); a stamp taken before the
+	// write can only be late if the write is late too.
+	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(tr.Admit.Add(tr.Connect)), first: o.rel(tr.FirstOutput),
+		end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
+	if e.end < 0 {
+		e.end = o.rel(tr.End)
+	}
+	if e.end < 0 {
+		e.end = e.release
+	}
+	if e.release < 0 {
+		e.release = e.end
+	}
+	return e, e.end >= 0
+}
+
+// place finds tr's queue from the requests ahead of it, learns from it,
+// and adds it to the timeline. est is tr's cold prefill estimate (ok
+// false when there is none). warn is set when the learned slot count
+// began to disagree with the hint.
+func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p placement, warn bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.set {
+		o.epoch, o.set = tr.Recv.Add(-epochMargin), true
+	}
+	e, onTimeline := o.entryOf(tr)
+	if !onTimeline {
+		return placement{}, false
+	}
+	defer o.push(e)
+	m, mAdmit, complete := o.scan(e)
+	if !complete || e.first < 0 {
+		return placement{ahead: m}, false
+	}
+	// Requests in flight at admission that are not recorded yet end after
+	// this one: they are ahead, and still there.
+	n := m + max(0, tr.InflightAtAdmit-mAdmit)
+	ends := o.ends[:m]
+	insertionSort(ends) // a handful, found newest first: nearly sorted descending
+	c := 0
+	for c < m && ends[c] < e.first+int64(endTolerance) {
+		c++
+	}
+	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: o.sweep(e)}
+	if c > 0 {
+		p.tight = tight(ends[c-1]-e.arrive, e.first-ends[c-1], e.first-e.arrive, est, haveEst)
+	}
+	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
+		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
+	}
+	s := o.slots.effective()
+	if p.tight && p.inEngine < s && o.slots.state == SlotsHint {
+		// It waited for the c-th end with fewer in the engine than the
+		// hint allows: its own evidence against the hint, before the hint
+		// is set aside. A learned count is never lowered so: it is what
+		// ran at once.
+		s = max(p.inEngine, o.slots.learned())
+	}
+	s = max(s, p.streams) // it ran beside streams−1 others: the engine has at least that many slots
+
+	// With s slots it began when the (n−s+1)-th request ahead ended; if
+	// fewer than that ended before its first output, fewer were ahead
+	// than counted, and the latest end before it is the one it waited for.
+	if n >= s && c > 0 {
+		k := min(n-s, c-1)
+		start := tr.Admit.Add(tr.Connect)
+		p.queue = max(0, time.Duration(ends[k]-o.rel(start)))
+	}
+	return p, warn
+}
+
+// sweep is the most requests seen producing output at one instant of e's
+// own output, e included: at e's first output and at each later first
+// output of a request that ran beside it. It reads the entries the last
+// scan collected. The caller holds o.mu.
+func (o *occupancy) sweep(e occEntry) int {
+	firsts, ends := o.runs[0][:o.nRuns], o.runs[1][:o.nRuns]
+	insertionSort(firsts)
+	insertionSort(ends)
+	running, i, j := 0, 0, 0
+	for i < len(firsts) && firsts[i] <= e.first {
+		i++
+		running++
+	}
+	for j < len(ends) && ends[j] <= e.first+int64(overlapTolerance) {
+		j++
+		running--
+	}
+	best := running
+	for ; i < len(firsts); i++ {
+		t := firsts[i]
+		for j < len(ends) && ends[j] <= t+int64(overlapTolerance) {
+			j++
+			running--
+		}
+		running++
+		best = max(best, running)
+	}
+	return best + 1
+}
+
+// tight reports whether a request waited for an end: it would have been
+// in the engine for wait before it, and its first output came gap after
+// it, free (its whole arrival-to-first-output time) being more than its
+// prefill can take. Cache hits only make prefill shorter, so an estimate
+// from the cold rate bounds it from above.
+func tight(wait, gap, free int64, est time.Duration, haveEst bool) bool {
+	if wait < int64(minWait) {
+		return false
+	}
+	gap = max(gap, 0)
+	if haveEst {
+		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
+		return free > bound && gap <= bound
+	}
+	return gap <= int64(tightGap) && 4*gap <= wait
+}
+
+// passing puts a request of a route without generation (/v1/models …) on
+// the timeline: it held no slot, but the proxy's in-flight count at a
+// later request's admission included it.
+func (o *occupancy) passing(tr *proxy.Trace) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.set {
+		o.epoch, o.set = tr.Recv.Add(-epochMargin), true
+	}
+	if tr.Admit.IsZero() {
+		return // refused before admission: never counted in flight
+	}
+	e := occEntry{admit: o.rel(tr.Admit), first: -1, release: o.rel(tr.ClientDone)}
+	if e.release < 0 {
+		e.release = o.rel(tr.End)
+	}
+	e.arrive, e.end = e.admit, e.release
+	o.push(e)
+}
+
+// scan collects the ends of the recorded requests ahead of e into o.ends
+// and counts those in flight when e was admitted; it also collects the
+// requests that produced output while e did, for sweep. complete is false
+// when the timeline may have lost one of the requests ahead. The caller
+// holds o.mu.
+//
+// The ring is in Record order, which follows release order within
+// occSettle. Requests released tailMargin after e's first output can be neither
+// ahead-and-ended-before-it nor, for the accounting, different from a
+// request not recorded yet (both are in flight at e's admission and still
+// there at its first output), so a binary search skips them: a long
+// generation during which thousands of others finished costs a few steps,
+// not a scan of them all. Only the newest sweepMax of them are looked at,
+// as evidence of slots side by side.
+func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
+	o.nRuns = 0
+	if o.n == occRing && o.at(o.n-1).release >= e.admit-int64(occSettle) {
+		return 0, 0, false // the timeline does not reach back to e's admission
+	}
+	oneSlot := o.slots.effective() == 1
+	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= e.first+int64(tailMargin) })
+	for i := range min(later, sweepMax) {
+		o.overlap(o.at(i), &e)
+	}
+	for i := later; i < o.n; i++ {
+		x := o.at(i)
+		if x.release < e.admit-int64(occSettle) {
+			return m, mAdmit, true // older ones were released before e was admitted
+		}
+		if x.admit < e.admit && x.release > e.admit {
+			mAdmit++
+		}
+		if !x.occupies {
+			continue
+		}
+		if ahead(x, &e, oneSlot) {
+			if m == occMaxAhead {
+				return m, mAdmit, false
+			}
+			o.ends[m] = x.end
+			m++
+		}
+		o.overlap(x, &e)
+	}
+	// Entries skipped as later are in flight at e's admission exactly
+	// when they would have counted in mAdmit: leaving both out keeps n.
+	return m, mAdmit, true
+}
+
+// at is the i-th newest entry. The caller holds o.mu.
+func (o *occupancy) at(i int) *occEntry { return &o.ring[(o.next-1-i+occRing)%occRing] }
+
+// overlap collects x for sweep when it produced output while e did.
+func (o *occupancy) overlap(x, e *occEntry) {
+	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.end && x.end > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
+		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.end
+		o.nRuns++
+	}
+}
+
+// ahead reports whether x was ahead of e in the engine's queue and still
+// there when e arrived: sent first, or, on a one-slot engine, sent within
+// orderWindow of e with its first output first (one slot serves in
+// order, so the first output tells the order; with more slots a shorter
+// prefill can overtake, and the proxy's send order is the better guess).
+func ahead(x, e *occEntry, oneSlot bool) bool {
+	if x.end <= e.arrive {
+		return false
+	}
+	if d := x.arrive - e.arrive; oneSlot && d > -int64(orderWindow) && d < int64(orderWindow) && x.first >= 0 && e.first >= 0 {
+		return x.first < e.first
+	}
+	return x.arrive < e.arrive
+}
+
+// push adds e to the timeline. The caller holds o.mu.
+func (o *occupancy) push(e occEntry) {
+	o.ring[o.next] = e
+	o.next = (o.next + 1) % occRing
+	o.n = min(o.n+1, occRing)
+}
+
+// Slots returns the engine's slot count as the split uses it and how it
+// was reached. Safe for concurrent use.
+func (r *Recorder) Slots() SlotsSection {
+	r.occ.mu.Lock()
+	defer r.occ.mu.Unlock()
+	return r.occ.slots.section()
+}
+
+// insertionSort sorts a few values ascending without the overhead of a
+// general sort.
+func insertionSort(a []int64) {
+	for i := 1; i < len(a); i++ {
+		x, j := a[i], i
+		for ; j > 0 && a[j-1] > x; j-- {
+			a[j] = a[j-1]
+		}
+		a[j] = x
+	}
+}

@@ -1,0 +1,224 @@
+package histo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// served is a request on a synthetic engine timeline: sent at arrive ms,
+// first output at first, last token at last, 2,000 prompt tokens; inflight
+// is the proxy's in-flight count at its admission.
+func served(arrive, first, last float64, inflight int) proxy.Trace {
+	tr := chat()
+	tr.Recv, tr.Admit, tr.Sent = at(arrive), at(arrive), at(arrive)
+	tr.Connect = 0
+	tr.Headers, tr.FirstEvent, tr.FirstOutput, tr.FirstContent = at(first), at(first), at(first), at(first)
+	tr.LastToken, tr.End, tr.ClientDone = at(last), at(last+0.2), at(last+0.3)
+	tr.ReasoningEvents = 0
+	tr.PromptTokens, tr.CachedTokens = 2000, -1
+	tr.InflightAtAdmit = inflight
+	return tr
+}
+
+func TestOccupancyOneSlot(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	// Three requests at once on one slot: each waits for the one before.
+	a := served(0, 100, 300, 0)
+	b := served(1, 400, 600, 1) // slot free at 300: 299 ms queued, 100 ms prefill
+	c := served(2, 610, 800, 2) // slot free at 600: 598 ms queued, a 10 ms cache hit
+	for _, tr := range []*proxy.Trace{&a, &b, &c} {
+		r.Record(tr)
+	}
+	got := r.Recent(3) // newest first
+	require.Equal(t, Span(0), got[2].Queue)
+	require.Equal(t, SourceOccupancy, got[1].QueueSource)
+	require.Equal(t, Span(ms2d(299)), got[1].Queue)
+	require.Equal(t, Span(ms2d(100)), got[1].Prefill)
+	require.Equal(t, Span(ms2d(598)), got[0].Queue)
+	require.Equal(t, Span(ms2d(10)), got[0].Prefill)
+	s := r.Slots()
+	require.Equal(t, 1, s.Effective)
+	require.Equal(t, Count(1), s.Learned)
+	require.Equal(t, SlotsLearned, s.State)
+}
+
+// TestOccupancyStreamsAtOnce: a request that ran beside two others proves
+// three slots, and the request after them is placed by the first end.
+func TestOccupancyStreamsAtOnce(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	a := served(0, 100, 300, 0)
+	b := served(1, 110, 320, 1)
+	c := served(2, 120, 340, 2)
+	d := served(3, 400, 500, 3) // three ahead; the first let its slot go at 300
+	for _, tr := range []*proxy.Trace{&a, &b, &c, &d} {
+		r.Record(tr)
+	}
+	got := r.Recent(4)
+	for _, rq := range got[1:] {
+		require.Equal(t, Span(0), rq.Queue, "ran at once")
+	}
+	require.Equal(t, Span(ms2d(297)), got[0].Queue, "the first end freed its slot")
+	require.Equal(t, 3, r.Slots().Effective)
+}
+
+// TestOccupancyUnrecordedAhead: a request still running when a later one
+// is recorded is ahead of it all the same (the proxy's in-flight count);
+// it cannot have freed the later one's slot.
+func TestOccupancyUnrecordedAhead(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	a := served(0, 50, 100, 0) // ends early
+	// A second request, sent at 1 ms, is still decoding: not recorded yet.
+	x := served(2, 210, 400, 2) // two ahead: one slot freed at 100 → 98 ms queued on 2 slots
+	r.Record(&a)
+	r.Record(&x)
+	rq := r.Recent(1)[0]
+	require.Equal(t, Span(ms2d(98)), rq.Queue)
+	require.Equal(t, 1, r.Slots().Effective, "a request not recorded yet is no proof of a second slot")
+}
+
+// TestOccupancyLongGeneration: thousands of requests that finished while
+// one long generation ran do not push the requests ahead of it off the
+// timeline.
+func TestOccupancyLongGeneration(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	a := served(0, 100, 300, 0)
+	r.Record(&a)
+	long := served(1, 400, 600_000, 1) // waited for a; then ten minutes of output
+	for i := range 3000 {              // answered 503 at once: they never ran beside it
+		x := served(float64(2000+i*100), float64(2010+i*100), float64(2050+i*100), 1)
+		x.Status, x.FirstOutput, x.FirstContent, x.LastToken = 503, time.Time{}, time.Time{}, time.Time{}
+		r.Record(&x)
+	}
+	r.Record(&long)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(ms2d(299)), rq.Queue)
+}
+
+// TestOccupancyOtherRoutes: a /v1/models request in flight when a
+// request was admitted is in the proxy's in-flight count, but held no
+// slot: it is not a request ahead.
+func TestOccupancyOtherRoutes(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	models := served(0, 0, 0, 0)
+	models.Route, models.FirstOutput, models.LastToken, models.ClientDone = proxy.RouteModels, at(0), at(0), at(50)
+	a := served(1, 100, 300, 1) // the models request was in flight
+	r.Record(&models)
+	r.Record(&a)
+	rq := r.Recent(1)[0]
+	require.Equal(t, Span(0), rq.Queue)
+	require.Equal(t, Count(-1), r.Slots().Learned, "a found nothing ahead: no evidence")
+}
+
+// TestOccupancyHintTooLarge: --engine-slots 4 on a one-slot engine. The
+// requests whose first output came right after another's end set the hint
+// aside, with one warning line.
+func TestOccupancyHintTooLarge(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	r, _, _ := newTest(t, Config{EngineSlots: 4, Log: zap.New(core)})
+	trs := []proxy.Trace{
+		served(0, 100, 300, 0),
+		served(1, 310, 500, 1),
+		served(2, 510, 700, 2),
+		served(3, 710, 900, 3),
+	}
+	for i := range trs {
+		r.Record(&trs[i])
+	}
+	got := r.Recent(4)
+	for i, want := range []float64{697, 498, 299, 0} {
+		require.Equal(t, Span(ms2d(want)), got[i].Queue, "request %d", 3-i)
+	}
+	s := r.Slots()
+	require.Equal(t, SlotsHintHigh, s.State)
+	require.Equal(t, 1, s.Effective)
+	require.Equal(t, Count(4), s.Hint)
+	require.Equal(t, 1, logs.Len(), "one warning")
+	entry := logs.All()[0]
+	require.Contains(t, entry.Message, "--engine-slots")
+	require.Equal(t, int64(4), entry.ContextMap()["engine_slots"])
+}
+
+// TestOccupancyHintTooSmall: --engine-slots 1 on an engine that ran three
+// streams at once.
+func TestOccupancyHintTooSmall(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	r, _, _ := newTest(t, Config{EngineSlots: 1, Log: zap.New(core)})
+	trs := []proxy.Trace{served(0, 100, 300, 0), served(1, 110, 320, 1), served(2, 120, 340, 2)}
+	for i := range trs {
+		r.Record(&trs[i])
+	}
+	for _, rq := range r.Recent(3) {
+		require.Equal(t, Span(0), rq.Queue)
+	}
+	s := r.Slots()
+	require.Equal(t, SlotsHintLow, s.State)
+	require.Equal(t, 3, s.Effective)
+	require.Equal(t, 1, logs.Len())
+}
+
+// TestOccupancyHintKept: a right hint is not set aside by a request that
+// merely had another's end fall within its prefill; without the hint that
+// request is ambiguous, and the split takes the conservative reading.
+func TestOccupancyHintKept(t *testing.T) {
+	run := func(hint int) (Span, SlotsSection) {
+		r, _, _ := newTest(t, Config{EngineSlots: hint})
+		a := served(0, 100, 150, 0)  // a cold 2,000-token prompt: 100 ms of prefill
+		b := served(10, 160, 300, 1) // the same size: 150 ms from arrival is prefill, a's end at 150 within it
+		r.Record(&a)
+		r.Record(&b)
+		return r.Recent(1)[0].Queue, r.Slots()
+	}
+	q, s := run(2)
+	require.Equal(t, Span(0), q)
+	require.Equal(t, SlotsHint, s.State)
+	require.Equal(t, 2, s.Effective)
+
+	q, s = run(0)
+	require.Equal(t, Span(ms2d(140)), q, "no evidence of a second slot: it waited for a's end")
+	require.Equal(t, 1, s.Effective)
+}
+
+func TestSlotLearnerWindow(t *testing.T) {
+	l := newSlotLearner(0)
+	require.Equal(t, 1, l.effective(), "nothing learned: 1")
+	l.observe(5, 5, false)
+	require.Equal(t, 5, l.effective())
+	for range slotWindow {
+		l.observe(2, 2, false)
+	}
+	require.Equal(t, 2, l.effective(), "the old evidence slid out")
+	require.Equal(t, SlotsLearned, l.section().State)
+	require.Equal(t, Count(-1), l.section().Hint)
+}
+
+// TestRecordAllocs: Record, with the timeline, stays free of allocations
+// once the labeled observers exist.
+func TestRecordAllocs(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	tr := monotonic(chat())
+	for range chunkSize + 1 {
+		r.Record(&tr) // the first chunk of the window is allocated here
+	}
+	require.Zero(t, testing.AllocsPerRun(500, func() { r.Record(&tr) }))
+}
+
+// TestOccupancyBeforeFirstRecorded: a request received before the first
+// one recorded (it ran longer) is placed like any other.
+func TestOccupancyBeforeFirstRecorded(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	early := served(0, 20, 5000, 0) // first output before short was even received
+	short := served(50, 100, 200, 1)
+	r.Record(&short)
+	r.Record(&early)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(0), rq.Queue)
+	require.Equal(t, 2, r.Slots().Effective, "they ran side by side")
+}
