@@ -134,6 +134,7 @@ anvilproxy_errors_total{kind="bad_request",side="client"} 0
 anvilproxy_errors_total{kind="body_too_large",side="client"} 0
 anvilproxy_errors_total{kind="client_gone",side="client"} 0
 anvilproxy_errors_total{kind="connect",side="upstream"} 0
+anvilproxy_errors_total{kind="internal",side="proxy"} 0
 anvilproxy_errors_total{kind="limited",side="proxy"} 0
 anvilproxy_errors_total{kind="overloaded",side="proxy"} 0
 anvilproxy_errors_total{kind="pool_exhausted",side="proxy"} 0

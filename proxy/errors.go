@@ -17,14 +17,12 @@ const StatusClientClosed = 499
 // response byte reached the client) to the status the client gets. This is
 // the one place where errors become statuses, like Caddy's statusError:
 // 502 when the upstream is unreachable or answers badly, 504 when it is
-// silent past the read timeout, 503 when no connection is free.
+// silent past the read timeout.
 func upstreamFailure(err error) (int, ErrKind) {
 	var de *dialError
 	switch {
 	case errors.As(err, &de):
 		return fasthttp.StatusBadGateway, ErrConnect
-	case errors.Is(err, fasthttp.ErrNoFreeConns):
-		return fasthttp.StatusServiceUnavailable, ErrPoolExhausted
 	case isTimeout(err):
 		return fasthttp.StatusGatewayTimeout, ErrUpstreamTimeout
 	}
@@ -59,6 +57,7 @@ var errMessages = [...]string{
 	ErrLimited:         "too many requests waiting for the upstream",
 	ErrShutdown:        "proxy shutting down",
 	ErrOverloaded:      "too many request bytes in flight, retry later",
+	ErrInternal:        "internal error",
 }
 
 // writeError answers with a small OpenAI-style JSON error that SDKs parse.

@@ -26,7 +26,8 @@ func (p *panicOnce) Record(t *Trace) {
 }
 
 // TestHandlerPanicContained: a bug in one request answers 500, keeps the
-// process serving, releases what the request held, and logs no panic value.
+// process serving, releases what the request held, is counted with kind
+// internal, and logs no panic value.
 func TestHandlerPanicContained(t *testing.T) {
 	gone, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -53,7 +54,11 @@ func TestHandlerPanicContained(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusBadGateway, resp.StatusCode)
-	rec.next(t)
+	tr := rec.next(t) // the panicked request is counted too
+	require.Equal(t, ErrInternal, tr.ErrKind)
+	require.Equal(t, SideProxy, tr.ErrSide)
+	require.Equal(t, http.StatusInternalServerError, tr.Status)
+	require.Equal(t, ErrConnect, rec.next(t).ErrKind)
 	require.Zero(t, p.Inflight())
 	require.Contains(t, logs.String(), "BUG: request handler panicked")
 	require.NotContains(t, logs.String(), "CANARY")

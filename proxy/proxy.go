@@ -470,6 +470,24 @@ func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
 	ctx.Response.Reset()
 	ctx.SetStatusCode(fasthttp.StatusInternalServerError)
 	ctx.SetConnectionClose()
+	r.tr.Status = fasthttp.StatusInternalServerError
+	r.tr.ErrSide, r.tr.ErrKind = SideProxy, ErrInternal
+	r.tr.ClientDone = time.Now()
+	p.recordAfterPanic(&r.tr)
+}
+
+// recordAfterPanic emits the Trace of a request whose handler panicked, so
+// that it is counted like any other; a Recorder that panics in turn (the
+// first panic may have been its own) is not given a second chance to take
+// the process down.
+func (p *Proxy) recordAfterPanic(tr *Trace) {
+	defer func() {
+		if recover() != nil {
+			p.log.Error("BUG: recording a panicked request panicked too", zap.Uint64("id", tr.ID))
+		}
+	}()
+	p.rec.Record(tr)
+	p.logTrace(tr)
 }
 
 // buildRequest copies the client's request into the upstream request: every

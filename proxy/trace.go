@@ -47,10 +47,11 @@ const (
 	ErrTruncated               // the upstream stream ended (cleanly, HTTP 200) without its end marker
 	ErrShutdown                // cut when the shutdown grace ran out
 	ErrOverloaded              // the proxy's memory bound for request bodies was reached
+	ErrInternal                // a bug: the request's handler panicked (500)
 	numErrKinds
 )
 
-var errKindNames = [numErrKinds]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited", "truncated", "shutdown", "overloaded"}
+var errKindNames = [numErrKinds]string{"", "connect", "upstream_timeout", "upstream_broken", "client_gone", "body_too_large", "bad_request", "pool_exhausted", "limited", "truncated", "shutdown", "overloaded", "internal"}
 
 // ErrorLabels are the (side, kind) pairs a request can end with, for
 // exporting every error series at 0 before the first error. Keep in step
@@ -61,7 +62,7 @@ var ErrorLabels = [...]struct {
 	Kind ErrKind
 }{
 	{SideClient, ErrBadRequest}, {SideClient, ErrBodyTooLarge}, {SideClient, ErrClientGone},
-	{SideProxy, ErrPoolExhausted}, {SideProxy, ErrLimited}, {SideProxy, ErrShutdown}, {SideProxy, ErrOverloaded},
+	{SideProxy, ErrPoolExhausted}, {SideProxy, ErrLimited}, {SideProxy, ErrShutdown}, {SideProxy, ErrOverloaded}, {SideProxy, ErrInternal},
 	{SideUpstream, ErrConnect}, {SideUpstream, ErrUpstreamTimeout}, {SideUpstream, ErrUpstreamBroken},
 	{SideUpstream, ErrPoolExhausted}, {SideUpstream, ErrTruncated},
 }
