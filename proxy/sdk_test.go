@@ -295,8 +295,8 @@ func communityClient(p sdkPeer) *goopenai.Client {
 
 func communityRequest() goopenai.ChatCompletionRequest {
 	return goopenai.ChatCompletionRequest{
-		Model:     "m",
-		MaxTokens: 40,
+		Model:               "m",
+		MaxCompletionTokens: 40,
 		Messages: []goopenai.ChatCompletionMessage{
 			{Role: goopenai.ChatMessageRoleSystem, Content: "be brief"},
 			{Role: goopenai.ChatMessageRoleUser, Content: sdkPrompt()},

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,9 +53,11 @@ func anvilBinary(t *testing.T) string {
 	t.Helper()
 	path := filepath.Join(binDir, "anvilproxy")
 	buildOnce.Do(func() {
+		// "go test" puts its own go first on PATH (GOROOT/bin).
 		goTool, err := exec.LookPath("go")
 		if err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+			buildErr = fmt.Errorf("no go tool on PATH: %v", err)
+			return
 		}
 		out, err := exec.Command(goTool, "build", "-o", path, ".").CombinedOutput()
 		if err != nil {

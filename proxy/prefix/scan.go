@@ -109,14 +109,6 @@ func (s *scanner) str() ([]byte, bool) {
 	return s.quoted(), !s.bad
 }
 
-// span consumes a value and returns where it starts and ends.
-func (s *scanner) span() (start, end int) {
-	s.ws()
-	start = s.i
-	s.skip()
-	return start, s.i
-}
-
 // skip consumes one value of any kind.
 func (s *scanner) skip() {
 	switch s.ws() {
