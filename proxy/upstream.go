@@ -11,9 +11,6 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// epoch anchors the monotonic stamps kept in atomics as offsets.
-var epoch = time.Now()
-
 // upstreamBufSize is the size of an upstream connection's read and write
 // buffers. A response head must fit in the read buffer (a larger one is a
 // 502, as nginx's "upstream sent too big header"); bodies are read through
