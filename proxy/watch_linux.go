@@ -10,33 +10,52 @@ import (
 	"time"
 )
 
+// watchDelay is how long a request runs before its client is watched: a
+// request answered sooner (an error, a cache hit, /v1/models, the
+// throughput bench) costs no epoll_ctl at all, and a client that leaves
+// still reaches the engine within the bound the proxy keeps (100 ms; the
+// socket is checked as soon as it is registered).
+const watchDelay = 20 * time.Millisecond
+
 // A clientWatch reports a client that goes away while the proxy has
 // nothing to write to it: fasthttp notices a disconnect only when a write
 // fails (fasthttp #874, #965, #993), so without this a client that gives
 // up during a long prefill would leave the engine working on an orphan
-// until the first token. The client socket is added to the watch hub's
-// epoll set (EPOLLIN, EPOLLRDHUP, one-shot); when it becomes readable the
-// hub peeks: zero bytes or an error is the client gone, bytes (a pipelined
-// request) end the watch without a verdict.
+// until the first token. Once the request has run for watchDelay, the
+// client socket is added to the watch hub's epoll set (EPOLLIN,
+// EPOLLRDHUP, one-shot); when it becomes readable the hub peeks: zero
+// bytes or an error is the client gone, bytes (a pipelined request) end
+// the watch without a verdict.
 //
-// Watching costs two epoll_ctl calls per request and no goroutine: one hub
-// goroutine serves every request in flight. The runtime's own netpoller is
-// left alone, so the connection's deadlines are not touched either.
+// Watching costs a timer and, past watchDelay, two epoll_ctl calls per
+// request, and no goroutine: one hub goroutine serves every request in
+// flight. The runtime's own netpoller is left alone, so the connection's
+// deadlines are not touched either.
 //
-// A clientWatch is owned by one request, which calls start and then stop;
-// gone is called at most once per start, on the hub's goroutine, and never
-// after stop has returned.
+// A clientWatch is owned by one request at a time, which calls start and
+// then stop; it is reused by the next. gone is called at most once per
+// start, on the hub's goroutine, and never after stop has returned.
 type clientWatch struct {
-	gone func() // set by the owner before start
+	gone func() // set by the owner before the first start
 
-	mu     sync.Mutex // held by the hub while it looks at the socket
-	id     uint64     // the registration, so that a stale epoll event is ignored
-	fd     int
-	active bool
+	mu    sync.Mutex // held by the timer and the hub while they use the fields below
+	timer *time.Timer
+	id    uint64 // the registration, so that a stale epoll event is ignored
+	fd    int
+	state watchState
+	inSet bool // fd is in the hub's epoll set and map under id, until stop
 }
 
+type watchState uint8
+
+const (
+	watchIdle   watchState = iota // not watching
+	watchArmed                    // started, registered when the timer fires
+	watchActive                   // in the hub's epoll set
+)
+
 // start watches conn until stop; false means it cannot be watched (not a
-// socket, or the epoll set is unavailable), and stop need not be called.
+// socket), and stop need not be called.
 func (w *clientWatch) start(conn net.Conn) bool {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
@@ -46,39 +65,59 @@ func (w *clientWatch) start(conn net.Conn) bool {
 	if err != nil {
 		return false
 	}
-	h := theWatchHub()
-	if h == nil {
+	fd := -1
+	// The fd stays open until stop returns: the request owns the
+	// connection, and fasthttp closes it only after the request ended.
+	if rc.Control(func(f uintptr) { fd = int(f) }) != nil || fd < 0 {
 		return false
 	}
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.id = h.add(w)
-	w.active = true
-	var addErr error
-	// The fd stays open until stop returns: the request owns the
-	// connection, and fasthttp closes it only after the request ended.
-	cerr := rc.Control(func(fd uintptr) {
-		w.fd = int(fd)
-		addErr = h.ctl(syscall.EPOLL_CTL_ADD, w.fd, w.id)
-	})
-	if cerr != nil || addErr != nil {
-		w.active = false
-		h.remove(w.id)
-		return false
+	w.fd, w.state = fd, watchArmed
+	if w.timer == nil {
+		w.timer = time.AfterFunc(watchDelay, w.register)
+	} else {
+		w.timer.Reset(watchDelay)
 	}
+	w.mu.Unlock()
 	return true
+}
+
+// register runs on the timer: the request is still going, so its client
+// is watched from now on.
+func (w *clientWatch) register() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != watchArmed { // stopped meanwhile
+		return
+	}
+	h := theWatchHub()
+	if h == nil {
+		w.state = watchIdle // out of descriptors: noticed at the next write, as without a watch
+		return
+	}
+	w.id = h.add(w)
+	if h.ctl(syscall.EPOLL_CTL_ADD, w.fd, w.id) != nil {
+		h.remove(w.id)
+		w.state = watchIdle
+		return
+	}
+	w.state, w.inSet = watchActive, true
 }
 
 // stop ends the watch. When it returns, gone has either run to its end or
 // will never run.
 func (w *clientWatch) stop() {
-	h := theWatchHub()
+	w.timer.Stop() // a register already running finds the state idle, or is waited for below
 	w.mu.Lock()
-	w.active = false
-	_ = h.ctl(syscall.EPOLL_CTL_DEL, w.fd, 0)
-	id := w.id
+	inSet, id := w.inSet, w.id
+	if inSet {
+		_ = theWatchHub().ctl(syscall.EPOLL_CTL_DEL, w.fd, 0)
+	}
+	w.state, w.inSet = watchIdle, false
 	w.mu.Unlock()
-	h.remove(id)
+	if inSet {
+		theWatchHub().remove(id)
+	}
 }
 
 // watchClient watches conn with a clientWatch of its own and returns its
@@ -179,7 +218,7 @@ func (h *watchHub) check(id uint64) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.active || w.id != id { // stopped, or reused by a later request
+	if w.state != watchActive || w.id != id { // stopped, or reused by a later request
 		return
 	}
 	var b [1]byte
@@ -188,10 +227,10 @@ func (h *watchHub) check(id uint64) {
 	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
 		_ = h.ctl(syscall.EPOLL_CTL_MOD, w.fd, id) // nothing after all: wait again
 	case err != nil || n == 0:
-		w.active = false // reset, or EOF
+		w.state = watchIdle // reset, or EOF; stop takes it out of the set
 		w.gone()
 	default:
-		w.active = false // a pipelined request: no verdict, and no more watching
+		w.state = watchIdle // a pipelined request: no verdict, and no more watching
 	}
 }
 

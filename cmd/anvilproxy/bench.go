@@ -35,6 +35,7 @@ type benchFlags struct {
 	targets      string
 	cpuProfile   string
 	memProfile   string
+	proxyFlags   listFlag
 	capacityOnly bool
 	cfg          bench.Config
 }
@@ -56,6 +57,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy, nginx, caddy, haproxy (default: all installed)")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
+	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
 	fs.StringVar(&f.memProfile, "proxy-memprofile", "", "write a heap profile of the anvilproxy child to FILE while the capacity run holds every stream open (its last wave); needs --capacity")
 	fs.IntVar(&c.Capacity, "capacity", 0, "hold N slow streams open at once through anvilproxy, then nginx, and report their memory per stream; alone, runs only that")
 	fs.IntVar(&c.CapacityEvents, "capacity-events", d.CapacityEvents, "events per stream of the capacity run")
@@ -106,6 +108,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, cpu, mem}
 		cfg.HeapProfile = mem != ""
 	}
+	cfg.ProxyArgv = append(cfg.ProxyArgv, f.proxyFlags...)
 	cfg.Command = "anvilproxy bench " + strings.Join(args, " ")
 	cfg.Progress = stderr
 
