@@ -37,6 +37,7 @@ func (b *runner) capacity() error {
 		return fmt.Errorf("bench: capacity streams last %v, not longer than the %v ramp: they would not all be open at once", lv.streamTime(), b.cfg.CapacityRamp)
 	}
 	res := b.rep.newCapacity(b.cfg.Capacity, lv, b.cfg.CapacityRamp)
+	b.targets = b.targets[:0] // the stream test's, stopped and their cuts noted: only the capacity run's from here
 	for _, name := range []string{AnvilProxy, Nginx} {
 		if !b.wanted(name) {
 			continue
