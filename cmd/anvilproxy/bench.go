@@ -43,7 +43,7 @@ type benchFlags struct {
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	d := bench.DefaultConfig()
 	c := &f.cfg
-	fs.BoolVar(&f.quick, "quick", false, "smoke run, about a minute on 2 cores: 16 and 256 streams, 2 rounds, a short throughput test (flags given explicitly still apply)")
+	fs.BoolVar(&f.quick, "quick", false, "smoke run, under a minute on 2 cores: 16 and 256 streams, 2 rounds, a short throughput test (flags given explicitly still apply)")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to FILE")
 	fs.StringVar(&f.streams, "streams", "", "comma-separated stream concurrencies (default 16,256,1000; with --quick 16,256)")
 	fs.IntVar(&f.events, "events", 0, "content events per stream, every level (default: 200 at 16 streams, 60 at 256, 20 at 1000)")

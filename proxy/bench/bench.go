@@ -120,7 +120,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// QuickConfig is a smoke run, about a minute on a 2-core machine: 16 and
+// QuickConfig is a smoke run, well under a minute on a 2-core machine: 16 and
 // 256 streams, 2 rounds, a short throughput test.
 func QuickConfig() Config {
 	c := DefaultConfig()
