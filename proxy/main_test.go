@@ -22,5 +22,7 @@ func TestMain(m *testing.M) {
 		// Process-wide singletons started once by fasthttp.
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		// The proxy's one client-watch goroutine (watch_linux.go).
+		goleak.IgnoreAnyFunction("github.com/anvilproxy/anvilproxy/proxy.(*watchHub).run"),
 	)
 }

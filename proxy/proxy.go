@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -102,6 +103,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	p.pool = newPool(&p.cfg, up, &p.stats)
 	p.relays.New = func() any {
 		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
+		r.cw.gone = r.clientLeft
 		if r.maxHold <= 0 {
 			r.maxHold = sse.DefaultMaxEventBytes
 		}
@@ -353,7 +355,6 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		}
 	}
 	r.conn = ctx.Conn()
-	ctx.Response.ImmediateHeaderFlush = true
 	size := r.resp.Header.ContentLength()
 	if size < 0 || r.inject || r.isSSE {
 		// Chunked to the client: fasthttp writes a fixed-size body through
@@ -361,6 +362,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		// an SSE response that came with a Content-Length.
 		size = -1
 	}
+	// The head goes out at once, before any body byte, unless the whole
+	// body is already read from the engine: then head and body leave in
+	// one write, and nothing waits on the engine in between.
+	ctx.Response.ImmediateHeaderFlush = size < 0 || !r.bodyBuffered(size)
 	if size < 0 && !ctx.Request.Header.IsHTTP11() {
 		p.closeDelimited(ctx, r)
 		return
@@ -677,19 +682,66 @@ func msDuration(ms float64) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
-// requestModel returns the "model" of a JSON request body, or nil.
+// requestModel returns the "model" of a JSON request body, or nil. It
+// scans the top level for the key instead of decoding the body, which for
+// an agent's 100 KB prompt is the difference between microseconds and a
+// millisecond; only a value with escapes, or a body the scan cannot read
+// with certainty, is decoded.
 func requestModel(body []byte) []byte {
 	if len(body) == 0 || body[0] != '{' {
 		return nil
 	}
-	var v struct {
-		Model json.RawMessage `json:"model"`
+	raw, res := sse.TopLevelString(body, "model")
+	switch res {
+	case sse.KeyAbsent:
+		return nil
+	case sse.KeyFound:
+		if plainString(raw) {
+			return raw
+		}
+		var s string
+		if json.Unmarshal(quotedAgain(raw), &s) != nil {
+			return nil
+		}
+		return []byte(s)
 	}
-	if json.Unmarshal(body, &v) != nil || len(v.Model) < 2 || v.Model[0] != '"' {
+	return decodeModel(body)
+}
+
+// plainString reports whether the raw contents of a JSON string are its
+// value: no escape, no control byte, valid UTF-8 (encoding/json replaces
+// an invalid sequence, and refuses a control byte).
+func plainString(raw []byte) bool {
+	ascii := true
+	for _, c := range raw {
+		if c == '\\' || c < 0x20 {
+			return false
+		}
+		ascii = ascii && c < 0x80
+	}
+	return ascii || utf8.Valid(raw)
+}
+
+// quotedAgain puts the quotes back around a string's raw contents.
+func quotedAgain(raw []byte) []byte {
+	b := make([]byte, 0, len(raw)+2)
+	return append(append(append(b, '"'), raw...), '"')
+}
+
+// decodeModel is requestModel by decoding the whole body, for what the
+// scan leaves uncertain: keys compared exactly, the last of a repeated
+// key winning, as the scan does.
+func decodeModel(body []byte) []byte {
+	var v map[string]json.RawMessage
+	if json.Unmarshal(body, &v) != nil {
+		return nil
+	}
+	m := v["model"]
+	if len(m) < 2 || m[0] != '"' {
 		return nil
 	}
 	var s string
-	if json.Unmarshal(v.Model, &s) != nil {
+	if json.Unmarshal(m, &s) != nil {
 		return nil
 	}
 	return []byte(s)
@@ -700,6 +752,7 @@ func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
 	r.conn, r.clientHeader, r.trailers = nil, nil, false
+	r.wdl.clear()
 	r.isSSE = false
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()

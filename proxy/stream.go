@@ -33,6 +33,7 @@ type relay struct {
 	req  fasthttp.Request  // the request sent upstream; its body is read again at the end
 	resp fasthttp.Response // the upstream response, streamed
 	conn net.Conn          // the client connection, for per-write idle deadlines
+	wdl  idleDeadline      // conn's write deadline, renewed coarsely
 	// clientHeader is the client response's header while fasthttp writes
 	// the body, for the trailers copied at the end; nil without trailers.
 	clientHeader *fasthttp.ResponseHeader
@@ -69,11 +70,12 @@ type relay struct {
 	// The client watch: left is closed and gone set, once, when the client
 	// goes away; up is the upstream connection to close then. up is also
 	// the connection the request holds, given back to the pool by release.
-	up        atomic.Pointer[upConn]
-	token     bool // holds one of the pool's connection tokens
-	left      chan struct{}
-	gone      atomic.Bool
-	stopWatch func()
+	up       atomic.Pointer[upConn]
+	token    bool // holds one of the pool's connection tokens
+	left     chan struct{}
+	gone     atomic.Bool
+	cw       clientWatch
+	watching bool
 
 	tr Trace
 }
@@ -138,21 +140,31 @@ func (r *relay) WriteTo(w io.Writer) (int64, error) {
 	}
 }
 
-// write sends b to the client as one chunk, under a per-write idle
-// deadline: fasthttp's WriteTimeout would be a total over the whole stream
-// (fasthttp #839).
+// write sends b to the client as one chunk, under an idle deadline
+// renewed as the stream goes (idleDeadline): fasthttp's WriteTimeout would
+// be a total over the whole stream (fasthttp #839).
 func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 	if len(b) == 0 {
 		return nil
 	}
 	if r.conn != nil {
-		_ = r.conn.SetWriteDeadline(now.Add(r.p.cfg.ClientWriteTimeout))
+		if dl, ok := r.wdl.next(now, r.p.cfg.ClientWriteTimeout); ok {
+			_ = r.conn.SetWriteDeadline(dl)
+		}
 	}
 	if _, err := w.Write(b); err != nil {
 		r.fail(SideClient, ErrClientGone)
 		return fmt.Errorf("writing client: %w", err)
 	}
 	return nil
+}
+
+// bodyBuffered reports whether a response body of size bytes is all in
+// the upstream connection's read buffer already, so that relaying it
+// cannot wait on the engine.
+func (r *relay) bodyBuffered(size int) bool {
+	c := r.up.Load()
+	return c != nil && c.br.Buffered() >= size
 }
 
 // Read serves fasthttp paths that do not use WriteTo. The chunk is measured
@@ -188,30 +200,31 @@ func (r *relay) CloseWithError(err error) error {
 			r.fail(SideClient, ErrClientGone) // abandoned without a write error (server shutdown)
 		}
 	}
-	if r.conn != nil {
+	if r.conn != nil && r.wdl.set() {
 		_ = r.conn.SetWriteDeadline(time.Time{})
+		r.wdl.clear()
 	}
 	_ = r.resp.CloseBodyStream()
 	r.p.finish(r)
 	return nil
 }
 
-// endWatch stops the client watch, once; the watcher has exited when it
-// returns, so it can no longer close the upstream connection.
+// endWatch stops the client watch, once; when it returns the watch can no
+// longer close the upstream connection.
 func (r *relay) endWatch() {
-	if r.stopWatch != nil {
-		r.stopWatch()
-		r.stopWatch = nil
+	if r.watching {
+		r.cw.stop()
+		r.watching = false
 	}
 }
 
 // watch starts watching the client connection for the rest of the request.
 func (r *relay) watch(ctx *fasthttp.RequestCtx) {
 	r.left = make(chan struct{})
-	r.stopWatch = watchClient(ctx.Conn(), r.clientLeft)
+	r.watching = r.cw.start(ctx.Conn())
 }
 
-// clientLeft runs on the watcher's goroutine when the client has gone: it
+// clientLeft runs on the watch hub's goroutine when the client has gone: it
 // closes the upstream connection at once, whether the request waits for
 // headers (queue, prefill) or streams, so the engine stops working for
 // nobody. The handler stores the connection before checking gone and this

@@ -238,8 +238,9 @@ func (p *pool) dial() (*upConn, error) {
 	return c, nil
 }
 
-// upConn is one upstream connection with idle deadlines renewed on every
-// read and write, and the facts a Trace needs about it. It is used by one
+// upConn is one upstream connection with idle deadlines renewed as it is
+// read and written (coarsely: see idleDeadline), and the facts a Trace
+// needs about it. It is used by one
 // request at a time (see pool); Close may be called from any goroutine
 // (the client watcher, shutdown).
 type upConn struct {
@@ -254,11 +255,15 @@ type upConn struct {
 	read      int64     // bytes read since the current request began
 	readErr   error     // the last read error, as the socket gave it
 	lastWrite time.Time // the end of the last request write
+	readDL    idleDeadline
+	writeDL   idleDeadline
 }
 
 func (c *upConn) Read(p []byte) (int, error) {
-	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
-		return 0, err
+	if dl, ok := c.readDL.next(time.Now(), c.idle); ok {
+		if err := c.Conn.SetReadDeadline(dl); err != nil {
+			return 0, err
+		}
 	}
 	n, err := c.Conn.Read(p)
 	c.read += int64(n)
@@ -278,8 +283,10 @@ func (c *upConn) cause(err error) error {
 }
 
 func (c *upConn) Write(p []byte) (int, error) {
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.idle)); err != nil {
-		return 0, err
+	if dl, ok := c.writeDL.next(time.Now(), c.idle); ok {
+		if err := c.Conn.SetWriteDeadline(dl); err != nil {
+			return 0, err
+		}
 	}
 	return c.Conn.Write(p)
 }

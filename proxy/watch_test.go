@@ -119,3 +119,60 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	}
 	stop()
 }
+
+// hubRegistrations counts the client watches in the hub's epoll set.
+func hubRegistrations() int {
+	h := theWatchHub()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.regs)
+}
+
+// TestWatchDelayedRegistration: a request that ends within watchDelay
+// never enters the epoll set; one that outlives it does, and stop takes it
+// out again, also when the watch fired. Start and stop around the timer's
+// firing, many times over, leave nothing behind.
+func TestWatchDelayedRegistration(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer client.Close()
+	server, err := ln.Accept()
+	require.NoError(t, err)
+	defer server.Close()
+
+	base := hubRegistrations()
+	w := &clientWatch{gone: func() { t.Error("gone called for a client that stayed") }}
+	require.True(t, w.start(server))
+	require.Equal(t, base, hubRegistrations(), "registered before the delay")
+	w.stop()
+	time.Sleep(2 * watchDelay)
+	require.Equal(t, base, hubRegistrations(), "a stopped watch registered late")
+
+	require.True(t, w.start(server))
+	require.Eventually(t, func() bool { return hubRegistrations() == base+1 }, time.Second, time.Millisecond)
+	w.stop()
+	require.Equal(t, base, hubRegistrations())
+
+	for i := range 200 { // stop just before, at and after the timer fires
+		require.True(t, w.start(server))
+		time.Sleep(watchDelay - 2*time.Millisecond + time.Duration(i%5)*time.Millisecond)
+		w.stop()
+	}
+	require.Equal(t, base, hubRegistrations())
+
+	left := make(chan struct{})
+	w2 := &clientWatch{gone: func() { close(left) }}
+	require.True(t, w2.start(server))
+	require.NoError(t, client.Close())
+	select {
+	case <-left:
+	case <-time.After(time.Second):
+		t.Fatal("EOF not reported")
+	}
+	require.Equal(t, base+1, hubRegistrations(), "fired, still in the set until stop")
+	w2.stop()
+	require.Equal(t, base, hubRegistrations())
+}

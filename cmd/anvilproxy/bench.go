@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -19,8 +20,10 @@ import (
 )
 
 // childProfileFlag makes "anvilproxy bench" run serve with a CPU profile
-// written when it exits: the bench starts its anvilproxy child this way for
-// --proxy-cpuprofile, since serve has no profiling of its own.
+// written when it exits and a heap profile written on SIGUSR1: the bench
+// starts its anvilproxy child this way for --proxy-cpuprofile and
+// --proxy-memprofile, since serve has no profiling of its own. Its two
+// arguments are the profiles' paths, "" for none; serve's flags follow.
 const childProfileFlag = "--as-profiled-serve"
 
 type benchFlags struct {
@@ -31,6 +34,8 @@ type benchFlags struct {
 	gap          time.Duration
 	targets      string
 	cpuProfile   string
+	memProfile   string
+	proxyFlags   listFlag
 	capacityOnly bool
 	cfg          bench.Config
 }
@@ -38,11 +43,11 @@ type benchFlags struct {
 func (f *benchFlags) register(fs *flag.FlagSet) {
 	d := bench.DefaultConfig()
 	c := &f.cfg
-	fs.BoolVar(&f.quick, "quick", false, "smoke run, under a minute on 2 cores: 1 and 64 streams, 2 rounds, a short throughput test (flags given explicitly still apply)")
+	fs.BoolVar(&f.quick, "quick", false, "smoke run, under a minute on 2 cores: 16 and 256 streams, 2 rounds, a short throughput test (flags given explicitly still apply)")
 	fs.StringVar(&f.jsonOut, "json", "", "also write the report as JSON to FILE")
-	fs.StringVar(&f.streams, "streams", "", "comma-separated stream concurrencies (default 1,64,1000; with --quick 1,64)")
-	fs.IntVar(&f.events, "events", 0, "content events per stream, every level (default: 20 at 1 stream, 100 at 64, 20 at 1000)")
-	fs.DurationVar(&f.gap, "gap", 0, "time between a stream's events, every level (default: 5ms up to 64 streams, 50ms at 1000, so that 1000 streams offer 20,000 events/s)")
+	fs.StringVar(&f.streams, "streams", "", "comma-separated stream concurrencies (default 16,256,1000; with --quick 16,256)")
+	fs.IntVar(&f.events, "events", 0, "content events per stream, every level (default: 200 at 16 streams, 60 at 256, 20 at 1000)")
+	fs.DurationVar(&f.gap, "gap", 0, "time between a stream's events, every level (default: 5ms at 16 streams, 20ms at 256, 50ms at 1000: 3,200, 12,800 and 20,000 events/s offered)")
 	fs.IntVar(&c.EventBytes, "event-bytes", d.EventBytes, fmt.Sprintf("size of one SSE event on the wire, in bytes (at least %d)", bench.MinEventBytes))
 	fs.IntVar(&c.Rounds, "rounds", 0, fmt.Sprintf("interleaved rounds per stream level (default %d; --quick 2)", d.Rounds))
 	fs.DurationVar(&c.Cell, "round", 0, fmt.Sprintf("how long the clients keep starting streams in one round (default %v; --quick 600ms)", d.Cell))
@@ -52,7 +57,9 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy, nginx, caddy, haproxy (default: all installed)")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
-	fs.IntVar(&c.Capacity, "capacity", 0, "hold N slow streams open through anvilproxy at once and report its memory per stream; alone, runs only that")
+	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
+	fs.StringVar(&f.memProfile, "proxy-memprofile", "", "write a heap profile of the anvilproxy child to FILE while the capacity run holds every stream open (its last wave); needs --capacity")
+	fs.IntVar(&c.Capacity, "capacity", 0, "hold N slow streams open at once through anvilproxy, then nginx, and report their memory per stream; alone, runs only that")
 	fs.IntVar(&c.CapacityEvents, "capacity-events", d.CapacityEvents, "events per stream of the capacity run")
 	fs.DurationVar(&c.CapacityGap, "capacity-gap", d.CapacityGap, "time between events in the capacity run")
 	fs.DurationVar(&c.CapacityRamp, "capacity-ramp", d.CapacityRamp, "how long opening the capacity run's streams takes")
@@ -62,8 +69,8 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 // runs as a child process, "anvilproxy serve", so that its CPU time is its
 // own; the emitter and the clients run here.
 func runBench(args []string, stdout, stderr io.Writer) error {
-	if len(args) >= 2 && args[0] == childProfileFlag {
-		return runProfiledServe(args[1], args[2:], stderr)
+	if len(args) >= 3 && args[0] == childProfileFlag {
+		return runProfiledServe(args[1], args[2], args[3:], stderr)
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -89,13 +96,19 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("finding the anvilproxy binary: %w", err)
 	}
 	cfg.ProxyArgv = []string{exe, "serve"}
-	if f.cpuProfile != "" {
-		path, err := filepath.Abs(f.cpuProfile) // the child runs in a temporary directory
+	if f.cpuProfile != "" || f.memProfile != "" {
+		cpu, err := absOrEmpty(f.cpuProfile) // the child runs in a temporary directory
 		if err != nil {
 			return err
 		}
-		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, path}
+		mem, err := absOrEmpty(f.memProfile)
+		if err != nil {
+			return err
+		}
+		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, cpu, mem}
+		cfg.HeapProfile = mem != ""
 	}
+	cfg.ProxyArgv = append(cfg.ProxyArgv, f.proxyFlags...)
 	cfg.Command = "anvilproxy bench " + strings.Join(args, " ")
 	cfg.Progress = stderr
 
@@ -209,10 +222,34 @@ func writeBenchJSON(name string, rep *bench.Report) error {
 	return f.Close()
 }
 
+func absOrEmpty(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	return filepath.Abs(path)
+}
+
 // runProfiledServe runs serve with a CPU profile of the whole run written
-// to path when serve returns (after SIGTERM and the drain).
-func runProfiledServe(path string, args []string, stderr io.Writer) error {
-	out, err := os.Create(path)
+// to cpuPath when serve returns (after SIGTERM and the drain), and a heap
+// profile written to memPath, after a GC, each time SIGUSR1 arrives.
+// Either path may be empty.
+func runProfiledServe(cpuPath, memPath string, args []string, stderr io.Writer) error {
+	if memPath != "" {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGUSR1)
+		defer signal.Stop(sig)
+		go func() {
+			for range sig {
+				if err := writeHeapProfile(memPath); err != nil {
+					fmt.Fprintf(stderr, "heap profile: %v\n", err)
+				}
+			}
+		}()
+	}
+	if cpuPath == "" {
+		return runServe(args, stderr)
+	}
+	out, err := os.Create(cpuPath)
 	if err != nil {
 		return fmt.Errorf("cpu profile: %w", err)
 	}
@@ -223,4 +260,17 @@ func runProfiledServe(path string, args []string, stderr io.Writer) error {
 	err = runServe(args, stderr)
 	pprof.StopCPUProfile()
 	return errors.Join(err, out.Close())
+}
+
+func writeHeapProfile(path string) error {
+	runtime.GC() // the profile shows the heap as of the last GC
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -76,6 +76,10 @@ type Config struct {
 	// --listen, --admin-listen, --log-level, --max-upstream-conns and
 	// --shutdown-grace. Empty skips anvilproxy.
 	ProxyArgv []string
+	// HeapProfile makes the capacity run send SIGUSR1 to the anvilproxy
+	// child when its last wave holds every stream open: ProxyArgv then runs
+	// a serve that writes a heap profile on that signal.
+	HeapProfile bool
 	// ProxyLogLevel is anvilproxy's --log-level. Empty means "info", the
 	// serve default: one log line per request.
 	ProxyLogLevel string
@@ -91,8 +95,7 @@ type Config struct {
 	Progress io.Writer
 }
 
-// DefaultConfig is the full run: about four and a half minutes on a
-// 2-core machine.
+// DefaultConfig is the full run: about six minutes on a 2-core machine.
 //
 // The gaps keep the offered load within what a 2-core machine serves
 // direct with room to spare (20,000 events/s at 1,000 streams), so that
@@ -100,8 +103,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Levels: []Level{
-			{Streams: 1, Events: 20, Gap: 5 * time.Millisecond},
-			{Streams: 64, Events: 100, Gap: 5 * time.Millisecond},
+			{Streams: 16, Events: 200, Gap: 5 * time.Millisecond},
+			{Streams: 256, Events: 60, Gap: 20 * time.Millisecond},
 			{Streams: 1000, Events: 20, Gap: 50 * time.Millisecond},
 		},
 		Rounds:         6,
@@ -117,13 +120,13 @@ func DefaultConfig() Config {
 	}
 }
 
-// QuickConfig is a smoke run, well under a minute on a 2-core machine:
-// 1 and 64 streams, 2 rounds, a short throughput test.
+// QuickConfig is a smoke run, well under a minute on a 2-core machine: 16 and
+// 256 streams, 2 rounds, a short throughput test.
 func QuickConfig() Config {
 	c := DefaultConfig()
 	c.Levels = []Level{
-		{Streams: 1, Events: 20, Gap: 5 * time.Millisecond},
-		{Streams: 64, Events: 60, Gap: 5 * time.Millisecond},
+		{Streams: 16, Events: 60, Gap: 5 * time.Millisecond},
+		{Streams: 256, Events: 30, Gap: 20 * time.Millisecond},
 	}
 	c.Rounds = 2
 	c.Cell = 600 * time.Millisecond

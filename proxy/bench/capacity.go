@@ -2,8 +2,11 @@ package bench
 
 import (
 	"fmt"
+	"os/exec"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -18,10 +21,11 @@ func capacityStreams(want int, lim uint64) int {
 	return max(int(lim)-reserve, 0) / 2
 }
 
-// capacity holds cfg.Capacity slow streams open through a fresh anvilproxy
-// at once, and reads the proxy's resident memory idle and with every
-// stream open: (RSS at N − RSS idle) / N is the memory one stream costs.
-// Every stream must end intact.
+// capacity holds cfg.Capacity slow streams open at once through a fresh
+// anvilproxy, then through a fresh nginx when it is installed and wanted,
+// and reads each proxy's resident memory idle and with every stream open:
+// (RSS at N − RSS idle) / N is the memory one stream costs. Every stream
+// must end intact.
 func (b *runner) capacity() error {
 	n := b.cfg.Capacity
 	if got := capacityStreams(n, b.noFile); got < n {
@@ -32,50 +36,92 @@ func (b *runner) capacity() error {
 	if lv.streamTime() <= b.cfg.CapacityRamp {
 		return fmt.Errorf("bench: capacity streams last %v, not longer than the %v ramp: they would not all be open at once", lv.streamTime(), b.cfg.CapacityRamp)
 	}
+	res := b.rep.newCapacity(b.cfg.Capacity, lv, b.cfg.CapacityRamp)
+	b.targets = b.targets[:0] // the stream test's, stopped and their cuts noted: only the capacity run's from here
+	for _, name := range []string{AnvilProxy, Nginx} {
+		if !b.wanted(name) {
+			continue
+		}
+		t, err := b.startCapacityTarget(name, n)
+		if err != nil {
+			return err
+		}
+		if t == nil {
+			continue
+		}
+		ct, err := b.capacityTarget(t, lv)
+		t.stop()
+		if err != nil {
+			return err
+		}
+		res.Targets = append(res.Targets, ct)
+	}
+	b.noteCuts()
+	return nil
+}
+
+// startCapacityTarget starts a fresh proxy for the capacity run of n
+// streams; nil without an error means it is not installed.
+func (b *runner) startCapacityTarget(name string, n int) (*target, error) {
 	up, err := b.em.Listen()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	t, err := startAnvil(b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+	var t *target
+	switch name {
+	case AnvilProxy:
+		if len(b.cfg.ProxyArgv) == 0 {
+			return nil, nil
+		}
+		t, err = startAnvil(b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+	case Nginx:
+		bin, lerr := exec.LookPath(Nginx)
+		if lerr != nil {
+			return nil, nil
+		}
+		t, err = startNginx(bin, up, b.dir)
+	}
 	if err != nil {
-		return fmt.Errorf("capacity run: %w", err)
+		return nil, fmt.Errorf("capacity run: %s: %w", name, err)
 	}
 	t.upstream = up
-	b.targets = append(b.targets[:0], t) // stopped by close
-	if len(b.rep.Targets) == 0 {
+	b.targets = append(b.targets, t) // stopped by close too
+	if !slices.ContainsFunc(b.rep.Targets, func(i TargetInfo) bool { return i.Name == name }) {
 		b.rep.addTarget(t, "")
 	}
-	b.progress("capacity: %d streams of %d events %v apart through anvilproxy (pid %d), opened over %v",
-		n, lv.Events, lv.Gap, t.cmd.Process.Pid, b.cfg.CapacityRamp)
+	return t, nil
+}
 
+// capacityTarget runs the capacity waves through one proxy.
+func (b *runner) capacityTarget(t *target, lv Level) (CapacityTarget, error) {
+	b.progress("capacity: %d streams of %d events %v apart through %s (pid %d), opened over %v",
+		lv.Streams, lv.Events, lv.Gap, t.name, t.cmd.Process.Pid, b.cfg.CapacityRamp)
 	// Warm the proxy's code and pools a little, so "idle" is a proxy that
 	// has served, not one that has just started.
 	warm := newCellStats()
 	if _, err := b.streamCell(t, Level{Streams: 16, Events: 3, Gap: time.Millisecond}, warm, 0); err != nil {
-		return err
+		return CapacityTarget{}, err
 	}
 	time.Sleep(time.Second)
 	idle, err := t.rss()
 	if err != nil {
-		return fmt.Errorf("capacity run: %w", err)
+		return CapacityTarget{}, fmt.Errorf("capacity run: %w", err)
 	}
-
-	res := b.rep.newCapacity(b.cfg.Capacity, lv, b.cfg.CapacityRamp, idle)
+	ct := CapacityTarget{Target: t.name, RSSIdleMiB: Num(mib(idle))}
 	for w := 1; w <= capacityWaves; w++ {
 		wv, err := b.capacityWave(t, lv, w, idle)
 		if err != nil {
-			return err
+			return ct, err
 		}
-		res.Waves = append(res.Waves, wv)
+		ct.Waves = append(ct.Waves, wv)
 		if !t.alive() {
-			return fmt.Errorf("capacity run: anvilproxy exited: %s", t.logTail())
+			return ct, fmt.Errorf("capacity run: %s exited: %s", t.name, t.logTail())
 		}
 		if w < capacityWaves {
 			time.Sleep(2 * time.Second)
 		}
 	}
-	b.noteCuts()
-	return nil
+	return ct, nil
 }
 
 // capacityWaves is how many times the capacity run opens its streams. The
@@ -133,6 +179,9 @@ func (b *runner) capacityWave(t *target, lv Level, w int, idle int64) (CapacityW
 			if s.open == int64(n) && !announced {
 				announced = true
 				b.progress("  wave %d: all %d streams open after %v: proxy RSS %.1f MiB (idle %.1f MiB)", w, n, time.Since(t0).Round(time.Millisecond), mib(s.rss), mib(idle))
+				if b.cfg.HeapProfile && w == capacityWaves && t.name == AnvilProxy {
+					_ = t.cmd.Process.Signal(syscall.SIGUSR1) // the child writes its heap profile
+				}
 			}
 		case <-finished:
 			done = true

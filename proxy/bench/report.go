@@ -8,7 +8,7 @@ import (
 )
 
 // Schema names the report's JSON format.
-const Schema = "anvilproxy.bench/v1"
+const Schema = "anvilproxy.bench/v2"
 
 // Report is what one run measured. Latencies are in microseconds; every
 // "added" figure is the target's minus the direct run's in the same
@@ -25,6 +25,7 @@ type Report struct {
 	Streams  []LevelResult   `json:"streams"`
 	Small    *SmallResult    `json:"non_stream,omitempty"`
 	Capacity *CapacityResult `json:"capacity,omitempty"`
+	Versus   []Versus        `json:"versus_nginx"`
 	Checks   []Check         `json:"checks"`
 	Notes    []string        `json:"notes,omitempty"`
 }
@@ -106,15 +107,42 @@ type SmallTargetResult struct {
 	Errors        []string `json:"errors,omitempty"`
 }
 
-// CapacityResult is the capacity run.
+// CapacityResult is the capacity run: the same slow streams held open
+// through each target in turn.
 type CapacityResult struct {
-	Asked       int            `json:"asked"`
-	Streams     int            `json:"streams"`
-	PerStream   int            `json:"events_per_stream"`
-	GapMS       Num            `json:"gap_ms"`
-	RampSeconds Num            `json:"ramp_s"`
-	RSSIdleMiB  Num            `json:"rss_idle_mib"`
-	Waves       []CapacityWave `json:"waves"`
+	Asked       int              `json:"asked"`
+	Streams     int              `json:"streams"`
+	PerStream   int              `json:"events_per_stream"`
+	GapMS       Num              `json:"gap_ms"`
+	RampSeconds Num              `json:"ramp_s"`
+	Targets     []CapacityTarget `json:"targets"`
+}
+
+// CapacityTarget is one proxy's capacity run.
+type CapacityTarget struct {
+	Target     string         `json:"target"`
+	RSSIdleMiB Num            `json:"rss_idle_mib"`
+	Waves      []CapacityWave `json:"waves"`
+}
+
+// worstKiB is the target's largest memory per stream over its waves.
+func (c *CapacityTarget) worstKiB() Num {
+	worst := unknown
+	for _, w := range c.Waves {
+		if w.RSSPerStreamKiB.known() && (!worst.known() || w.RSSPerStreamKiB > worst) {
+			worst = w.RSSPerStreamKiB
+		}
+	}
+	return worst
+}
+
+// peakOpen is the most streams the target held open at once.
+func (c *CapacityTarget) peakOpen() int64 {
+	var n int64
+	for _, w := range c.Waves {
+		n = max(n, w.PeakOpen)
+	}
+	return n
 }
 
 // CapacityWave is one opening of all the capacity run's streams.
@@ -131,7 +159,7 @@ type CapacityWave struct {
 	Errors          []string  `json:"errors,omitempty"`
 }
 
-// Check is one of issue 7's targets against what the run measured.
+// Check is one of the run's goals against what the run measured.
 type Check struct {
 	Goal     string `json:"goal"`
 	Measured string `json:"measured"`
@@ -153,6 +181,7 @@ func newReport(cfg *Config) *Report {
 			ProxyLogLevel: cfg.ProxyLogLevel,
 		},
 		Streams: []LevelResult{},
+		Versus:  []Versus{},
 		Checks:  []Check{},
 	}
 }
@@ -227,16 +256,28 @@ func (r *Report) addSmall(clients int, ts []*target, acc []smallAcc) {
 	r.Small = res
 }
 
-func (r *Report) newCapacity(asked int, lv Level, ramp time.Duration, idle int64) *CapacityResult {
+func (r *Report) newCapacity(asked int, lv Level, ramp time.Duration) *CapacityResult {
 	r.Capacity = &CapacityResult{
 		Asked:       asked,
 		Streams:     lv.Streams,
 		PerStream:   lv.Events,
 		GapMS:       Num(float64(lv.Gap) / 1e6),
 		RampSeconds: Num(ramp.Seconds()),
-		RSSIdleMiB:  Num(mib(idle)),
 	}
 	return r.Capacity
+}
+
+// capacity returns target's capacity run, or nil.
+func (r *Report) capacity(target string) *CapacityTarget {
+	if r.Capacity == nil {
+		return nil
+	}
+	for i := range r.Capacity.Targets {
+		if r.Capacity.Targets[i].Target == target {
+			return &r.Capacity.Targets[i]
+		}
+	}
+	return nil
 }
 
 func newCapacityWave(best rssSample, idle, peak, peakOpen int64, cpu time.Duration, st *cellStats) CapacityWave {
@@ -263,6 +304,7 @@ func newCapacityWave(best rssSample, idle, peak, peakOpen int64, cpu time.Durati
 func (r *Report) finish() {
 	r.Seconds = Num(time.Since(r.Started).Round(100 * time.Millisecond).Seconds())
 	r.LoadEnd = Num(loadAvg())
+	r.Versus = versus(r)
 	r.Checks = checks(r)
 }
 

@@ -73,28 +73,35 @@ func TestCellStats(t *testing.T) {
 }
 
 // report returns a report as a full run on a machine with every proxy
-// would, with anvilproxy's figures from a.
-func report(a StreamResult, anvilRPS float64) *Report {
-	lv := LevelResult{Streams: 64, Results: []StreamResult{
-		{Target: Direct, streamTally: streamTally{Streams: 64, Events: 6400}},
+// would, with anvilproxy's figures from a and nginx's fixed.
+func report(a StreamResult, anvilRPS float64, anvilKiB Num) *Report {
+	lv := LevelResult{Streams: 256, Events: 60, Results: []StreamResult{
+		{Target: Direct, streamTally: streamTally{Streams: 256, Events: 15360}},
 		a,
-		{Target: Nginx, AddedTTFB: &Added{P50: 100}, AddedEvent: &Added{}, CPUPer1000: 9},
+		{Target: Nginx, AddedTTFB: &Added{P50: 100, P99: 300}, AddedEvent: &Added{P50: 40, P99: 200}, CPUPer1000: 9},
 		{Target: Caddy, AddedTTFB: &Added{P50: 300}, AddedEvent: &Added{}, CPUPer1000: 12},
 	}}
-	return &Report{
+	r := &Report{
 		Streams: []LevelResult{lv},
-		Small: &SmallResult{Results: []SmallTargetResult{
-			{Target: Direct, RPS: 100000}, {Target: AnvilProxy, RPS: Num(anvilRPS)}, {Target: Nginx, RPS: 50000},
+		Small: &SmallResult{Clients: 64, Results: []SmallTargetResult{
+			{Target: Direct, RPS: 100000}, {Target: AnvilProxy, RPS: Num(anvilRPS), CPUPerRequest: 20}, {Target: Nginx, RPS: 50000, CPUPerRequest: 22},
 		}},
-		Capacity: &CapacityResult{Streams: 10000, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: 18}, {PeakOpen: 10000, RSSPerStreamKiB: 19}}},
+		Capacity: &CapacityResult{Asked: 10000, Streams: 10000, Targets: []CapacityTarget{
+			{Target: AnvilProxy, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: anvilKiB}, {PeakOpen: 10000, RSSPerStreamKiB: anvilKiB - 1}}},
+			{Target: Nginx, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: 5}, {PeakOpen: 10000, RSSPerStreamKiB: 5}}},
+		}},
 	}
+	r.Versus = versus(r)
+	return r
 }
 
 func TestChecks(t *testing.T) {
-	good := StreamResult{Target: AnvilProxy, streamTally: streamTally{Streams: 64, Events: 6400},
-		AddedEvent: &Added{P50: 12, P99: 50}, AddedTTFB: &Added{P50: 80}, CPUPer1000: 4}
+	good := StreamResult{Target: AnvilProxy, streamTally: streamTally{Streams: 256, Events: 15360},
+		AddedEvent: &Added{P50: 12, P99: 50}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 4}
+	r := report(good, 60000, 4)
+	require.Len(t, r.Versus, 6, "3 per level, 2 non-stream, 1 memory")
 	met := map[string]*bool{}
-	for _, c := range checks(report(good, 60000)) {
+	for _, c := range checks(r) {
 		met[c.Goal] = c.Met
 	}
 	for goal, m := range met {
@@ -106,42 +113,47 @@ func TestChecks(t *testing.T) {
 		require.True(t, *m, goal)
 	}
 
-	require.True(t, report(good, 1).Intact(AnvilProxy))
-	r := report(good, 1)
+	require.True(t, report(good, 1, 4).Intact(AnvilProxy))
 	r.Targets = []TargetInfo{{Name: AnvilProxy}, {Name: Caddy, Skipped: "not installed"}}
 	require.Empty(t, r.Skipped(AnvilProxy))
 	require.Equal(t, "not installed", r.Skipped(Caddy))
 
 	bad := good
-	bad.AddedEvent = &Added{P50: 20, P99: 61}
-	bad.AddedTTFB = &Added{P50: 200}
-	bad.CPUPer1000 = 6
+	bad.AddedEvent = &Added{P50: 20, P99: 201} // p50 below nginx's, p99 above: missed
+	bad.AddedTTFB = &Added{P50: 200, P99: 200}
+	bad.CPUPer1000 = 9.5
 	bad.Lost = 1
-	require.False(t, report(bad, 1).Intact(AnvilProxy))
-	require.True(t, report(bad, 1).Intact(Nginx))
-	for _, c := range checks(report(bad, 40000)) {
-		if c.Met == nil || strings.Contains(c.Goal, "10,000") {
+	require.False(t, report(bad, 1, 4).Intact(AnvilProxy))
+	require.True(t, report(bad, 1, 4).Intact(Nginx))
+	for _, c := range checks(report(bad, 40000, 21)) {
+		if c.Met == nil || strings.Contains(c.Goal, "CPU per non-stream request") || strings.Contains(c.Goal, "held") { // fixed by report
 			continue
 		}
 		require.False(t, *c.Met, c.Goal)
 	}
-	for _, c := range checks(report(bad, 40000)) {
-		if strings.Contains(c.Goal, "p50 ≤ 15") {
-			require.Equal(t, "+20.0 µs, over by 5.0 µs", c.Measured)
+	for _, c := range checks(report(bad, 40000, 21)) {
+		if strings.HasPrefix(c.Goal, "≤ 20 KiB") {
+			require.Equal(t, "21.0 / 20.0 KiB at 10000 streams (by wave), over by 1.0 KiB", c.Measured)
+		}
+		if strings.Contains(c.Goal, "requests/s") {
+			require.Contains(t, c.Goal, "at or above")
+			require.Equal(t, "40000 vs nginx 50000 (0.80×)", c.Measured)
 		}
 	}
 }
 
 func TestWriteTable(t *testing.T) {
-	r := report(StreamResult{Target: AnvilProxy, AddedEvent: &Added{P50: 12, P99: 50, P999: unknown}, AddedTTFB: &Added{P50: 80},
-		RoundsAddedEventP50: &Spread{Min: 10, Max: 14}, CPUPer1000: 4}, 60000)
+	r := report(StreamResult{Target: AnvilProxy, AddedEvent: &Added{P50: 12, P99: 50, P999: unknown}, AddedTTFB: &Added{P50: 80, P99: 90},
+		RoundsAddedEventP50: &Spread{Min: 10, Max: 14}, CPUPer1000: 4}, 60000, 18)
 	r.Targets = []TargetInfo{{Name: Direct}, {Name: AnvilProxy, Version: "this build"}, {Name: HAProxy, Skipped: "not installed"}}
 	r.Config.Order = []string{Direct, AnvilProxy}
 	r.Checks = checks(r)
 	var out bytes.Buffer
 	require.NoError(t, r.WriteTable(&out))
 	s := out.String()
-	for _, want := range []string{"haproxy    skipped: not installed", "anvilproxy", "+12.0", "+10.0..+14.0", "4.00 ms", "[met   ]", "[n/a   ] 0 allocations"} {
+	for _, want := range []string{"haproxy    skipped: not installed", "anvilproxy", "+12.0", "+10.0..+14.0", "4.00 ms",
+		"256 streams × 60 events, added p50 / p99", "+12.0 / +50.0 µs", "RSS per held stream", "18.0 / 17.0 KiB",
+		"[met   ] ≤ 20 KiB", "[n/a   ] 0 allocations"} {
 		require.Contains(t, s, want)
 	}
 	var js bytes.Buffer

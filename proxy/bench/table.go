@@ -72,39 +72,60 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	if c := r.Capacity; c != nil {
-		p.f("\nCapacity: %d streams held open through anvilproxy at once (%d events %sms apart, opened over %ss); proxy RSS idle %s MiB\n",
-			c.Streams, c.PerStream, fixed(c.GapMS, 0), fixed(c.RampSeconds, 0), fixed(c.RSSIdleMiB, 1))
+		p.f("\nCapacity: %d streams held open at once through each proxy in turn (%d events %sms apart, opened over %ss).\n",
+			c.Streams, c.PerStream, fixed(c.GapMS, 0), fixed(c.RampSeconds, 0))
+		p.f("KiB/stream: (RSS with the most streams open − RSS idle) / streams open. Wave 1 runs on fresh memory, wave 2 on memory freed by wave 1.\n")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "wave	peak open	events	lost	reord	corrupt	failed	RSS MiB	with open	KiB/stream	event p50	p99	TTFB p50	p99	CPU/1k ev	")
-		for i, v := range c.Waves {
-			fmt.Fprintf(tw, "%d	%d	%d	%d	%d	%d	%d	%s	%d	%s	%s	%s	%s	%s	%s	\n",
-				i+1, v.PeakOpen, v.Events, v.Lost, v.Reordered, v.Corrupt, v.Failed, fixed(v.RSSMostOpenMiB, 1), v.SampledOpen,
-				fixed(v.RSSPerStreamKiB, 1), plain(v.Event.P50), plain(v.Event.P99), plain(v.TTFB.P50), plain(v.TTFB.P99), msText(v.CPUPer1000))
+		fmt.Fprintln(tw, "target\twave\tpeak open\tevents\tlost\treord\tcorrupt\tfailed\tRSS idle\tRSS MiB\twith open\tKiB/stream\tevent p50\tp99\tTTFB p50\tp99\tCPU/1k ev\t")
+		for _, ct := range c.Targets {
+			for i, v := range ct.Waves {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+					ct.Target, i+1, v.PeakOpen, v.Events, v.Lost, v.Reordered, v.Corrupt, v.Failed, fixed(ct.RSSIdleMiB, 1), fixed(v.RSSMostOpenMiB, 1), v.SampledOpen,
+					fixed(v.RSSPerStreamKiB, 1), plain(v.Event.P50), plain(v.Event.P99), plain(v.TTFB.P50), plain(v.TTFB.P99), msText(v.CPUPer1000))
+			}
 		}
 		p.err(tw.Flush())
-		for _, v := range c.Waves {
-			for _, e := range v.Errors {
-				p.f("  error: %s\n", e)
+		for _, ct := range c.Targets {
+			for _, v := range ct.Waves {
+				for _, e := range v.Errors {
+					p.f("  %s error: %s\n", ct.Target, e)
+				}
 			}
 		}
 	}
+	if len(r.Versus) > 0 {
+		p.f("\nanvilproxy beside nginx, this run. Goal: at or below nginx on every row (requests/s: at or above). Ratio: anvilproxy / nginx.\n")
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "measure\tanvilproxy\tnginx\tratio\tverdict")
+		for _, v := range r.Versus {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", v.Measure, v.AnvilProxy, v.Nginx, fixed(v.Ratio, 2)+"×", mark(v.Met))
+		}
+		p.err(tw.Flush())
+	}
 	if len(r.Checks) > 0 {
-		p.f("\nTargets (issue 7):\n")
+		p.f("\nGoals:\n")
 		for _, c := range r.Checks {
-			mark := "n/a   "
-			if c.Met != nil {
-				mark = "MISSED"
-				if *c.Met {
-					mark = "met   "
-				}
+			if len(r.Versus) > 0 && strings.HasSuffix(c.Goal, " nginx's") {
+				continue // in the table above
 			}
-			p.f("  [%s] %s: %s\n", mark, c.Goal, c.Measured)
+			p.f("  [%s] %s: %s\n", mark(c.Met), c.Goal, c.Measured)
 		}
 	}
 	for _, n := range r.Notes {
 		p.f("note: %s\n", n)
 	}
 	return p.e
+}
+
+// mark is a verdict's column: met, MISSED, or n/a when not measured.
+func mark(met *bool) string {
+	switch {
+	case met == nil:
+		return "n/a   "
+	case *met:
+		return "met   "
+	}
+	return "MISSED"
 }
 
 // printer keeps the first write error.

@@ -205,7 +205,24 @@ func startAnvil(argv []string, upstream, dir, logLevel string, maxConns int) (*t
 	t.version = "this build"
 	t.metrics = "http://" + admin + "/metrics"
 	t.setup = fmt.Sprintf("anvilproxy serve, real recorder, --log-level %s (one line per request to a file), --max-upstream-conns %d, /metrics read between levels", logLevel, maxConns)
+	if extra := serveFlags(argv); len(extra) > 0 {
+		t.setup += "; also " + strings.Join(extra, " ")
+	}
 	return t, nil
+}
+
+// serveFlags returns the flags argv passes to serve beyond the command
+// itself ("anvilproxy serve", or the profiled serve and its two paths).
+func serveFlags(argv []string) []string {
+	for i, a := range argv {
+		if a == "serve" {
+			return argv[i+1:]
+		}
+		if a == "--as-profiled-serve" && len(argv) >= i+3 {
+			return argv[i+3:]
+		}
+	}
+	return nil
 }
 
 const nginxConf = `worker_processes %d;

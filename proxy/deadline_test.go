@@ -1,0 +1,122 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// TestIdleDeadline: the deadline is renewed at most once per slack, and
+// the one in force never ends sooner than the idle timeout after any
+// read or write, nor later than the timeout plus the slack.
+func TestIdleDeadline(t *testing.T) {
+	for _, d := range []time.Duration{200 * time.Millisecond, 10 * time.Minute} {
+		var l idleDeadline
+		slack := renewSlack(d)
+		require.Equal(t, min(time.Second, d/8), slack)
+		t0 := time.Unix(1000, 0)
+		dl, ok := l.next(t0, d)
+		require.True(t, ok, "the first call sets")
+		require.Equal(t, t0.Add(d+slack), dl)
+		inForce, renewals := dl, 1
+		for step := time.Duration(0); step < 20*slack; step += slack / 7 {
+			now := t0.Add(step)
+			if dl, ok := l.next(now, d); ok {
+				inForce = dl
+				renewals++
+			}
+			require.False(t, inForce.Before(now.Add(d)), "at %v the deadline ends before the idle timeout", step)
+			require.False(t, inForce.After(now.Add(d+slack)), "at %v the deadline is later than timeout plus slack", step)
+		}
+		require.LessOrEqual(t, renewals, 21, "renewed more than once per slack")
+		l.clear()
+		require.False(t, l.set())
+		_, ok = l.next(t0.Add(time.Nanosecond), d)
+		require.True(t, ok, "after clear the next call sets")
+	}
+}
+
+// writeCounter counts the writes on every connection a listener accepts.
+type writeCounter struct {
+	net.Listener
+	writes atomic.Int64
+}
+
+func (l *writeCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{TCPConn: c.(*net.TCPConn), n: &l.writes}, nil
+}
+
+type countingConn struct {
+	*net.TCPConn
+	n *atomic.Int64
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.n.Add(1)
+	return c.TCPConn.Write(b)
+}
+
+// TestNonStreamResponseOneWrite: a small non-stream response, whose body
+// the engine sent with its head, reaches the client in one write; a stream
+// still gets its head at once and then one write per event.
+func TestNonStreamResponseOneWrite(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Query().Get("stream") != "" {
+			sseHeaders(w)
+			w.(http.Flusher).Flush()
+			for i := range 3 {
+				_, _ = io.WriteString(w, scriptedEvent(i))
+				w.(http.Flusher).Flush()
+				time.Sleep(5 * time.Millisecond)
+			}
+			return
+		}
+		body := `{"choices":[{"message":{"content":"hi"}}]}`
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		_, _ = io.WriteString(w, body)
+	})
+	p, err := New(Config{Upstream: up.URL}, zap.NewNop(), newTraceLog())
+	require.NoError(t, err)
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ln := &writeCounter{Listener: inner}
+	srv := p.Server()
+	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+	t.Cleanup(func() { _ = srv.Shutdown() })
+
+	c, err := net.Dial("tcp", inner.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	ask := func(path string) {
+		_, err := io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+	}
+	for range 3 {
+		before := ln.writes.Load()
+		ask("/v1/chat/completions")
+		require.Equal(t, int64(1), ln.writes.Load()-before, "head and body in one write")
+	}
+	before := ln.writes.Load()
+	ask("/v1/chat/completions?stream=1")
+	require.GreaterOrEqual(t, ln.writes.Load()-before, int64(1+3), "the head at once, then one write per event")
+}
