@@ -36,7 +36,6 @@ type benchFlags struct {
 	cpuProfile   string
 	memProfile   string
 	proxyFlags   listFlag
-	capacityOnly bool
 	cfg          bench.Config
 }
 
