@@ -27,16 +27,16 @@ import (
 const childProfileFlag = "--as-profiled-serve"
 
 type benchFlags struct {
-	quick        bool
-	jsonOut      string
-	streams      string
-	events       int
-	gap          time.Duration
-	targets      string
-	cpuProfile   string
-	memProfile   string
-	proxyFlags   listFlag
-	cfg          bench.Config
+	quick      bool
+	jsonOut    string
+	streams    string
+	events     int
+	gap        time.Duration
+	targets    string
+	cpuProfile string
+	memProfile string
+	proxyFlags listFlag
+	cfg        bench.Config
 }
 
 func (f *benchFlags) register(fs *flag.FlagSet) {
