@@ -11,8 +11,8 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// upstreamBufSize is the size of an upstream connection's read and write
-// buffers. A response head must fit in the read buffer (a larger one is a
+// upstreamBufSize is the size of an upstream connection's read buffer and
+// of the pooled buffers requests are written through. A response head must fit in the read buffer (a larger one is a
 // 502, as nginx's "upstream sent too big header"); bodies are read through
 // it in relay-sized pieces.
 const upstreamBufSize = 16 << 10
@@ -234,7 +234,6 @@ func (p *pool) dial() (*upConn, error) {
 		c.raw = tc.NetConn()
 	}
 	c.br = bufio.NewReaderSize(c, upstreamBufSize)
-	c.bw = bufio.NewWriterSize(c, upstreamBufSize)
 	return c, nil
 }
 
@@ -247,7 +246,6 @@ type upConn struct {
 	net.Conn
 	raw       net.Conn // the TCP connection under TLS, for the idle peek
 	br        *bufio.Reader
-	bw        *bufio.Writer
 	idle      time.Duration
 	dialTook  time.Duration
 	idleSince time.Time // when it was last put back; owned by the pool

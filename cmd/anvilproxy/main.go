@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -146,13 +147,35 @@ func parseOnce(fs *flag.FlagSet, args []string) error {
 }
 
 // newLogger returns a JSON logger on w at the given level.
+// logFlushInterval bounds how long serve's buffered log lines wait.
+const logFlushInterval = 200 * time.Millisecond
+
+// newBufferedLogger is newLogger with lines gathered in a 256 KiB buffer
+// and written at most logFlushInterval late, or when the buffer fills: one
+// write(2) for many request lines instead of one each (about a tenth of the
+// CPU of a short non-stream request). stop flushes and ends the flusher;
+// Sync flushes too.
+func newBufferedLogger(w io.Writer, level string) (log *zap.Logger, stop func(), err error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--log-level: %w", err)
+	}
+	ws := &zapcore.BufferedWriteSyncer{WS: zapcore.AddSync(w), Size: 256 << 10, FlushInterval: logFlushInterval}
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), ws, lvl)
+	return zap.New(core), func() { _ = ws.Stop() }, nil
+}
+
+func encoderConfig() zapcore.EncoderConfig {
+	enc := zap.NewProductionEncoderConfig()
+	enc.EncodeTime = zapcore.ISO8601TimeEncoder
+	return enc
+}
+
 func newLogger(w io.Writer, level string) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	enc := zap.NewProductionEncoderConfig()
-	enc.EncodeTime = zapcore.ISO8601TimeEncoder
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(enc), zapcore.AddSync(w), lvl)
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(encoderConfig()), zapcore.AddSync(w), lvl)
 	return zap.New(core), nil
 }

@@ -135,11 +135,11 @@ func runServe(args []string, stderr io.Writer) error {
 	if err := loadConfig(fs, f.config); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, f.logLevel)
+	log, stopLog, err := newBufferedLogger(stderr, f.logLevel)
 	if err != nil {
 		return err
 	}
-	defer log.Sync() //nolint:errcheck // stderr
+	defer stopLog()
 
 	st, err := startStack(&f, log)
 	if err != nil {
@@ -301,6 +301,7 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 	go func() {
 		<-sigc
 		log.Warn("second signal: exiting at once")
+		_ = log.Sync()
 		os.Exit(1)
 	}()
 	err := srv.ShutdownWithContext(ctx)
