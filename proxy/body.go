@@ -30,11 +30,11 @@ const exactBodyMin = 64 << 10
 
 // readBody reads the client's body into r.req. A declared Content-Length
 // over the limit is refused before a byte of the body is read.
-func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) {
+func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, r *relay) refusal {
 	limit := p.cfg.MaxBodyBytes
 	cl := ctx.Request.Header.ContentLength()
 	if cl > limit {
-		return fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+		return refuseBodyTooLarge
 	}
 	if !ctx.Request.IsBodyStream() {
 		body := ctx.Request.Body()
@@ -42,7 +42,7 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) {
 			return bodyFailure(errOverBudget)
 		}
 		r.req.SetBody(body)
-		return 0, ErrNone
+		return 0
 	}
 	if cl >= exactBodyMin {
 		if !r.reserve(int64(cl)) {
@@ -60,7 +60,7 @@ func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) {
 			return bodyFailure(fmt.Errorf("reading client body: %w", err))
 		}
 		r.req.SetBodyRaw(b)
-		return 0, ErrNone
+		return 0
 	}
 	return bodyFailure(p.readBodyChunks(ctx, r, limit))
 }
@@ -122,24 +122,27 @@ func (r *relay) unreserve() {
 }
 
 // bodyFailure maps an error reading a request (its body, or as fasthttp
-// reports it, the whole request) to a status: 413 over the limit, 503 over
-// the memory bound, 408 on the read timeout, 499 when the client went away
-// mid-upload (not its fault as a malformed request: it is gone), 400
-// otherwise. nil is no failure.
-func bodyFailure(err error) (int, ErrKind) {
+// reports it, the whole request) to a refusal: over the limit, over the
+// memory bound, the read timeout, the client gone mid-upload (not its
+// fault as a malformed request: it is gone), headers too large, or a bad
+// request. nil is no failure.
+func bodyFailure(err error) refusal {
 	switch {
 	case err == nil:
-		return 0, ErrNone
+		return 0
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		return fasthttp.StatusRequestEntityTooLarge, ErrBodyTooLarge
+		return refuseBodyTooLarge
 	case errors.Is(err, errOverBudget):
-		return fasthttp.StatusServiceUnavailable, ErrOverloaded
+		return refuseOverloaded
 	case isTimeout(err):
-		return fasthttp.StatusRequestTimeout, ErrBadRequest
+		return refuseReadTimeout
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, net.ErrClosed):
-		return StatusClientClosed, ErrClientGone
+		return refuseClientGone
 	}
-	return fasthttp.StatusBadRequest, ErrBadRequest
+	if small := (*fasthttp.ErrSmallBuffer)(nil); errors.As(err, &small) {
+		return refuseHeadersTooLarge
+	}
+	return refuseBadRequest
 }
 
 // Lingering close bounds, nginx's: an unread body is drained after an error

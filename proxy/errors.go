@@ -13,20 +13,73 @@ import (
 // before the response began (nginx's 499); the client never sees it.
 const StatusClientClosed = 499
 
+// refusal is why the proxy answered a request itself instead of relaying
+// the engine's answer. refusals is the one table where a refusal becomes
+// what the client gets (its status, and whether the connection can carry
+// another request) and what the Trace records (side and kind), like
+// Caddy's statusError: every path that refuses goes through Proxy.refuse.
+type refusal uint8
+
+// Refusals.
+const (
+	refuseFraming         refusal = iota + 1 // a request framed two ways, or with a name that is not a token
+	refuseBadRequest                         // a request fasthttp or the proxy could not read
+	refuseReadTimeout                        // the request was not read within --read-timeout
+	refuseHeadersTooLarge                    // request headers over --max-header-bytes
+	refuseBodyTooLarge                       // a body over --max-body-bytes
+	refuseClientGone                         // the client left before an answer
+	refuseOverloaded                         // request bodies in flight over --max-inflight-body-bytes
+	refusePoolExhausted                      // no upstream connection free within --max-conn-wait
+	refuseQueueFull                          // the limiter's queue is full
+	refuseQueueWait                          // the limiter's wait exceeded --max-queue-wait
+	refuseConnect                            // dialing the upstream failed
+	refuseUpstreamTimeout                    // the upstream was silent past --upstream-read-timeout before its head
+	refuseUpstreamBroken                     // the upstream closed, reset or answered malformed before its head
+	refuseInternal                           // a bug: the handler panicked
+)
+
+// after says what becomes of the client connection after a refusal.
+type after uint8
+
+const (
+	keepAlive   after = iota // the request was read whole: the next one may follow
+	closeConn                // where the next request starts is unknown: close
+	lingerAfter              // close, but drain the unread body first (lingerClose)
+)
+
+var refusals = [...]struct {
+	status int
+	side   Side
+	kind   ErrKind
+	after  after
+}{
+	refuseFraming:         {fasthttp.StatusBadRequest, SideClient, ErrBadRequest, closeConn},
+	refuseBadRequest:      {fasthttp.StatusBadRequest, SideClient, ErrBadRequest, lingerAfter},
+	refuseReadTimeout:     {fasthttp.StatusRequestTimeout, SideClient, ErrBadRequest, lingerAfter},
+	refuseHeadersTooLarge: {fasthttp.StatusRequestHeaderFieldsTooLarge, SideClient, ErrBadRequest, closeConn},
+	refuseBodyTooLarge:    {fasthttp.StatusRequestEntityTooLarge, SideClient, ErrBodyTooLarge, lingerAfter},
+	refuseClientGone:      {StatusClientClosed, SideClient, ErrClientGone, lingerAfter},
+	refuseOverloaded:      {fasthttp.StatusServiceUnavailable, SideProxy, ErrOverloaded, lingerAfter},
+	refusePoolExhausted:   {fasthttp.StatusServiceUnavailable, SideProxy, ErrPoolExhausted, keepAlive},
+	refuseQueueFull:       {fasthttp.StatusTooManyRequests, SideProxy, ErrLimited, keepAlive},
+	refuseQueueWait:       {fasthttp.StatusServiceUnavailable, SideProxy, ErrLimited, keepAlive},
+	refuseConnect:         {fasthttp.StatusBadGateway, SideUpstream, ErrConnect, keepAlive},
+	refuseUpstreamTimeout: {fasthttp.StatusGatewayTimeout, SideUpstream, ErrUpstreamTimeout, keepAlive},
+	refuseUpstreamBroken:  {fasthttp.StatusBadGateway, SideUpstream, ErrUpstreamBroken, keepAlive},
+	refuseInternal:        {fasthttp.StatusInternalServerError, SideProxy, ErrInternal, closeConn},
+}
+
 // upstreamFailure maps an error from the upstream round trip (before any
-// response byte reached the client) to the status the client gets. This is
-// the one place where errors become statuses, like Caddy's statusError:
-// 502 when the upstream is unreachable or answers badly, 504 when it is
-// silent past the read timeout.
-func upstreamFailure(err error) (int, ErrKind) {
+// response byte reached the client): unreachable, silent, or broken.
+func upstreamFailure(err error) refusal {
 	var de *dialError
 	switch {
 	case errors.As(err, &de):
-		return fasthttp.StatusBadGateway, ErrConnect
+		return refuseConnect
 	case isTimeout(err):
-		return fasthttp.StatusGatewayTimeout, ErrUpstreamTimeout
+		return refuseUpstreamTimeout
 	}
-	return fasthttp.StatusBadGateway, ErrUpstreamBroken
+	return refuseUpstreamBroken
 }
 
 // streamFailure classifies an error reading the upstream body mid-response.

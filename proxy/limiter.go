@@ -25,10 +25,10 @@ func newLimiter(n, maxQueue int, maxWait time.Duration) *limiter {
 	return &limiter{slots: make(chan struct{}, n), maxQueue: int64(maxQueue), maxWait: maxWait}
 }
 
-// acquire takes a slot. It returns a non-zero status when the request was
-// refused: 429 when the queue is full (like an engine's own rejection), 503
-// when the wait exceeded maxWait, 499 when the client left while waiting.
-func (l *limiter) acquire(left <-chan struct{}) (status int) {
+// acquire takes a slot. It returns why the request was refused, or 0: the
+// queue is full (429, like an engine's own rejection), the wait exceeded
+// maxWait (503), or the client left while waiting.
+func (l *limiter) acquire(left <-chan struct{}) refusal {
 	select {
 	case l.slots <- struct{}{}:
 		return 0
@@ -36,7 +36,7 @@ func (l *limiter) acquire(left <-chan struct{}) (status int) {
 	}
 	if l.waiting.Add(1) > l.maxQueue {
 		l.waiting.Add(-1)
-		return 429
+		return refuseQueueFull
 	}
 	defer l.waiting.Add(-1)
 	t := time.NewTimer(l.maxWait)
@@ -45,9 +45,9 @@ func (l *limiter) acquire(left <-chan struct{}) (status int) {
 	case l.slots <- struct{}{}:
 		return 0
 	case <-t.C:
-		return 503
+		return refuseQueueWait
 	case <-left:
-		return StatusClientClosed
+		return refuseClientGone
 	}
 }
 

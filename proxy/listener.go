@@ -22,8 +22,8 @@ const (
 // excess connection is closed without its 503.
 const maxRefusing = 64
 
-// refusal is what a connection over MaxClientConns reads before the close.
-var refusal = func() []byte {
+// tooManyConns is what a connection over MaxClientConns reads before the close.
+var tooManyConns = func() []byte {
 	const body = `{"error":{"message":"anvilproxy: too many client connections","type":"too_many_connections","code":503}}` + "\n"
 	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nRetry-After: 1\r\n" +
 		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
@@ -102,7 +102,7 @@ func (l *guardedListener) refuse(c net.Conn) {
 		defer l.refusing.Add(-1)
 		defer c.Close()
 		_ = c.SetWriteDeadline(time.Now().Add(lingerIdle))
-		if _, err := c.Write(refusal); err != nil {
+		if _, err := c.Write(tooManyConns); err != nil {
 			return
 		}
 		linger(c) // the client reads the 503, not a reset

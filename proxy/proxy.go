@@ -7,7 +7,6 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -264,21 +263,11 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	defer p.recoverHandle(ctx, r)
 
 	if badFraming(&ctx.Request.Header) {
-		r.fail(SideClient, ErrBadRequest)
-		p.answerError(ctx, r, fasthttp.StatusBadRequest)
-		ctx.SetConnectionClose() // the body's framing is unknown: so is where the next request starts
+		p.refuse(ctx, r, refuseFraming)
 		return
 	}
-	if status, kind := p.buildRequest(ctx, r); status != 0 {
-		side := SideClient
-		if kind == ErrOverloaded {
-			side = SideProxy
-		}
-		r.fail(side, kind)
-		p.answerError(ctx, r, status)
-		// The rest of the body is unread: the connection cannot carry
-		// another request (a pipelined one would be read from the middle).
-		lingerClose(ctx)
+	if why := p.buildRequest(ctx, r); why != 0 {
+		p.refuse(ctx, r, why)
 		return
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
@@ -292,14 +281,12 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 			tr.UsageInject = true
 		}
 	}
-	if !p.admit(r) {
-		p.answerError(ctx, r, r.tr.Status)
+	if why := p.admit(r); why != 0 {
+		p.refuse(ctx, r, why)
 		return
 	}
-
 	if !p.pool.acquire() {
-		r.fail(SideProxy, ErrPoolExhausted)
-		p.answerError(ctx, r, fasthttp.StatusServiceUnavailable)
+		p.refuse(ctx, r, refusePoolExhausted)
 		return
 	}
 	r.token = true
@@ -311,14 +298,11 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	err := p.roundTrip(ctx, r)
 	tr.Headers = time.Now()
 	if err != nil {
+		why := upstreamFailure(err)
 		if r.hasLeft() {
-			r.fail(SideClient, ErrClientGone)
-			p.answerError(ctx, r, StatusClientClosed)
-			return
+			why = refuseClientGone
 		}
-		status, kind := upstreamFailure(err)
-		r.fail(SideUpstream, kind)
-		p.answerError(ctx, r, status)
+		p.refuse(ctx, r, why)
 		return
 	}
 	if r.resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
@@ -435,19 +419,13 @@ func prefixProtocol(rt Route) prefix.Protocol {
 }
 
 // admit passes the request through the limiter, if any, and counts it as
-// in flight upstream. It returns false, with tr.Status set, when refused.
-func (p *Proxy) admit(r *relay) bool {
+// in flight upstream. It returns why it was refused, or 0.
+func (p *Proxy) admit(r *relay) refusal {
 	tr := &r.tr
 	tr.Admit = tr.Recv // without a limiter t_admit = t_recv (DESIGN.md §3)
 	if p.limit != nil {
-		if status := p.limit.acquire(r.left); status != 0 {
-			if status == StatusClientClosed {
-				r.fail(SideClient, ErrClientGone)
-			} else {
-				r.fail(SideProxy, ErrLimited)
-			}
-			tr.Status = status
-			return false
+		if why := p.limit.acquire(r.left); why != 0 {
+			return why
 		}
 		r.limited = true
 		tr.Limited = true
@@ -455,7 +433,7 @@ func (p *Proxy) admit(r *relay) bool {
 	}
 	r.admitted = true
 	tr.InflightAtAdmit = int(p.upstream.Add(1) - 1)
-	return true
+	return 0
 }
 
 // recoverHandle keeps a bug in one request from taking the process down
@@ -473,10 +451,11 @@ func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
 	}
 	p.release(r)
 	ctx.Response.Reset()
-	ctx.SetStatusCode(fasthttp.StatusInternalServerError)
+	row := &refusals[refuseInternal]
+	ctx.SetStatusCode(row.status)
 	ctx.SetConnectionClose()
-	r.tr.Status = fasthttp.StatusInternalServerError
-	r.tr.ErrSide, r.tr.ErrKind = SideProxy, ErrInternal
+	r.tr.Status = row.status
+	r.tr.ErrSide, r.tr.ErrKind = row.side, row.kind
 	r.tr.ClientDone = time.Now()
 	p.recordAfterPanic(&r.tr)
 }
@@ -499,7 +478,7 @@ func (p *Proxy) recordAfterPanic(tr *Trace) {
 // method, path, query, header and body byte, minus hop-by-hop headers, with
 // X-Forwarded-For appended and the upstream's Host. It returns a non-zero
 // status when the request must be refused.
-func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) {
+func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) refusal {
 	req := &r.req
 	ctx.Request.Header.CopyTo(&req.Header)
 	req.Header.SetNoDefaultContentType(true)
@@ -542,24 +521,38 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) (int, ErrKind) 
 	return p.readBody(ctx, r)
 }
 
-// handleReadError answers requests fasthttp could not read, with the status
-// the anchors use: 413 for a large body (fasthttp's default is 400), 431 for
+// handleReadError answers requests fasthttp could not read (see
+// bodyFailure): 413 for a large body (fasthttp's default is 400), 431 for
 // large headers, 408 for a read timeout, 499 for a client gone mid-request,
-// 400 otherwise.
+// 400 otherwise. The connection closes: what was read is not a request.
 func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	status, kind := bodyFailure(err)
-	if small := (*fasthttp.ErrSmallBuffer)(nil); errors.As(err, &small) {
-		status, kind = fasthttp.StatusRequestHeaderFieldsTooLarge, ErrBadRequest
-	}
 	r := p.relays.Get().(*relay)
 	r.tr.ID = p.nextID.Add(1)
 	r.tr.Recv = time.Now()
 	r.tr.Method = methodOf(ctx.Method())
-	r.fail(SideClient, kind)
 	p.inflight.Add(1)
 	r.counted = true
-	p.answerError(ctx, r, status)
+	why := bodyFailure(err)
+	row := &refusals[why]
+	r.fail(row.side, row.kind)
+	p.answerError(ctx, r, row.status)
 	ctx.SetConnectionClose()
+}
+
+// refuse answers the request with the proxy's own error for why, as the
+// refusals table says, and ends it.
+func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, r *relay, why refusal) {
+	row := &refusals[why]
+	r.fail(row.side, row.kind)
+	p.answerError(ctx, r, row.status)
+	switch row.after {
+	case closeConn:
+		ctx.SetConnectionClose()
+	case lingerAfter:
+		// The rest of the body is unread: the connection cannot carry
+		// another request (a pipelined one would be read from the middle).
+		lingerClose(ctx)
+	}
 }
 
 // answerError sends a proxy-made error response and ends the request.
