@@ -38,12 +38,20 @@ var tooManyConns = func() []byte {
 // descriptors that the streams in flight need are never taken by idle
 // clients. The returned listener is safe for concurrent use.
 func (p *Proxy) Listener(ln net.Listener) net.Listener {
-	return &guardedListener{Listener: ln, p: p, max: int64(p.cfg.MaxClientConns)}
+	return GuardListener(ln, p.cfg.MaxClientConns, &p.stats, p.log)
+}
+
+// GuardListener is Proxy.Listener for any listener (serve's admin listener
+// too): at most maxConns connections at once (0: no bound), accept errors
+// and refusals counted in st and logged to log.
+func GuardListener(ln net.Listener, maxConns int, st *Stats, log *zap.Logger) net.Listener {
+	return &guardedListener{Listener: ln, st: st, log: log, max: int64(maxConns)}
 }
 
 type guardedListener struct {
 	net.Listener
-	p        *Proxy
+	st       *Stats
+	log      *zap.Logger
 	max      int64
 	open     atomic.Int64
 	refusing atomic.Int64
@@ -59,7 +67,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			if errors.Is(err, net.ErrClosed) {
 				return nil, err
 			}
-			l.p.stats.AcceptErrors.Add(1)
+			l.st.AcceptErrors.Add(1)
 			backoff = min(max(2*backoff, acceptBackoffMin), acceptBackoffMax)
 			l.logAcceptError(err, backoff)
 			time.Sleep(backoff)
@@ -84,15 +92,15 @@ func (l *guardedListener) logAcceptError(err error, backoff time.Duration) {
 	}
 	l.mu.Unlock()
 	if !quiet {
-		l.p.log.Error("accepting a client connection failed; retrying", zap.Error(err),
-			zap.Duration("backoff", backoff), zap.Uint64("accept_errors_total", l.p.stats.AcceptErrors.Load()))
+		l.log.Error("accepting a client connection failed; retrying", zap.Error(err),
+			zap.Duration("backoff", backoff), zap.Uint64("accept_errors_total", l.st.AcceptErrors.Load()))
 	}
 }
 
 // refuse answers an excess connection with a 503 and closes it, on a
 // goroutine of its own so that accepting goes on.
 func (l *guardedListener) refuse(c net.Conn) {
-	l.p.stats.ConnsRefused.Add(1)
+	l.st.ConnsRefused.Add(1)
 	if l.refusing.Add(1) > maxRefusing {
 		l.refusing.Add(-1)
 		_ = c.Close()

@@ -7,12 +7,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/anvilproxy/anvilproxy/histo/dashboard"
+	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
 // The admin listener's bounds. Its clients are scrapers, probes, the
@@ -66,6 +66,10 @@ func requireToken(next http.Handler, token string, paths ...string) http.Handler
 	})
 }
 
+// adminStats counts the admin listener's accept errors and refusals; they
+// are not exported (the data listener's are).
+var adminStats proxy.Stats
+
 // startAdmin serves h on its own listener, with timeouts and a connection
 // bound, and returns the address it listens on.
 func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, stop func(), err error) {
@@ -82,47 +86,11 @@ func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, sto
 		ErrorLog:          zap.NewStdLog(log.Named("admin")),
 	}
 	go func() {
-		if err := hs.Serve(&boundedListener{Listener: ln, max: maxAdminConns}); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := hs.Serve(proxy.GuardListener(ln, maxAdminConns, &adminStats, log)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("admin listener stopped", zap.Error(err))
 		}
 	}()
 	return ln.Addr().String(), func() { hs.Close() }, nil
-}
-
-// boundedListener closes connections beyond max at once. net/http's Serve
-// already backs off on accept errors, so that is all the admin side needs.
-type boundedListener struct {
-	net.Listener
-	max  int64
-	open atomic.Int64
-}
-
-func (l *boundedListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		if l.open.Add(1) > l.max {
-			l.open.Add(-1)
-			_ = c.Close()
-			continue
-		}
-		return &boundedConn{Conn: c, l: l}, nil
-	}
-}
-
-type boundedConn struct {
-	net.Conn
-	l      *boundedListener
-	closed atomic.Bool
-}
-
-func (c *boundedConn) Close() error {
-	if c.closed.CompareAndSwap(false, true) {
-		c.l.open.Add(-1)
-	}
-	return c.Conn.Close()
 }
 
 // bearer is the header value top and tests send with a token.
