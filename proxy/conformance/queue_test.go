@@ -1,10 +1,9 @@
 package conformance
 
-// These two tests hold the proxy to issue 15 (a queue/prefill split right
-// with no hints; inferred cache hits). They are written against its spec:
-// /requests records carry queue_ms (histo.Request.Queue) and
-// cache_inferred_tokens. Until issue 15 is merged they fail on purpose;
-// docs/real-engine.md says so.
+// These two tests hold the queue/prefill split (right with no hints) and
+// the inferred cache hits to a real engine: /requests records carry
+// queue_ms (histo.Request.Queue) and cache_inferred_tokens. The method is in
+// docs/queue-split.md.
 
 import (
 	"sort"
@@ -13,7 +12,8 @@ import (
 	"time"
 )
 
-// queueTolerance is issue 15's accuracy bar: max(25 ms, 10% of the truth).
+// queueTolerance is the split's accuracy bar (docs/queue-split.md): max(25
+// ms, 10% of the truth).
 func queueTolerance(truth time.Duration) time.Duration { return max(25*time.Millisecond, truth/10) }
 
 // TestQueueSplitSingleSlot: ollama runs one request at a time (FIFO) on
@@ -74,11 +74,11 @@ func TestQueueSplitSingleSlot(t *testing.T) {
 // TestRepeatedPromptInferredCached: ollama reports no cached tokens, but
 // its prefix cache makes a repeated prompt's prefill nearly free. The proxy
 // must infer it: the repeat ≥ 80% of its prompt tokens cached, the cold
-// original ≤ 20% (issue 15's bar).
+// original ≤ 20% (docs/queue-split.md).
 func TestRepeatedPromptInferredCached(t *testing.T) {
 	st := newStack(t)
 	// A session's worth of cold prompts first: the proxy infers cache hits
-	// against a cold prefill rate it has to learn (issue 15's estimator
+	// against a cold prefill rate it has to learn (the estimator
 	// wants 8 samples).
 	const coldSamples = 10
 	var bodies []string
@@ -100,7 +100,7 @@ func TestRepeatedPromptInferredCached(t *testing.T) {
 		min, max float64
 	}{{"cold", cold, 0, 0.2}, {"repeat", repeat, 0.8, 1}} {
 		if c.rec.CacheInferredTokens == nil {
-			t.Errorf("%s: cache_inferred_tokens missing or null (issue 15 adds it); prompt_tokens %d, ttft %.1f ms", c.name, c.rec.PromptTokens, c.rec.TTFT.Millis())
+			t.Errorf("%s: cache_inferred_tokens missing or null; prompt_tokens %d, ttft %.1f ms", c.name, c.rec.PromptTokens, c.rec.TTFT.Millis())
 			continue
 		}
 		share := float64(*c.rec.CacheInferredTokens) / float64(c.rec.PromptTokens)
