@@ -269,47 +269,27 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.recent.put(rq)
 }
 
-// recordHDR records a successful request's phases. The caller holds r.mu.
+// recordHDR records a successful request's phases, as the phase table
+// reads them. The caller holds r.mu.
 func (r *Recorder) recordHDR(rq *Request) {
-	lat := func(m Metric, s Span) {
-		if s.Known() {
-			r.hist[m].record(micros(time.Duration(s)))
+	for m := range numRequestMetrics {
+		if v, ok := phases[m].hdrValue(rq); ok {
+			r.hist[m].record(v)
 		}
-	}
-	lat(MetricTTFO, rq.TTFO)
-	lat(MetricTTFT, rq.TTFT)
-	lat(MetricQueue, rq.Queue)
-	lat(MetricPrefill, rq.Prefill)
-	lat(MetricReasoning, rq.Reasoning)
-	lat(MetricGeneration, rq.Generation)
-	lat(MetricTPOT, rq.TPOT)
-	lat(MetricE2E, rq.E2E)
-	lat(MetricConnect, rq.Connect)
-	if rq.DecodeRate.Known() {
-		r.hist[MetricDecodeRate].record(millis(float64(rq.DecodeRate)))
-	}
-	if rq.PrefillRate.Known() {
-		r.hist[MetricPrefillRate].record(millis(float64(rq.PrefillRate)))
-	}
-	if rq.PromptTokens >= 0 {
-		r.hist[MetricPromptTokens].record(int64(rq.PromptTokens))
-	}
-	if rq.OutputTokens >= 0 {
-		r.hist[MetricCompletionTokens].record(int64(rq.OutputTokens))
 	}
 }
 
 // ObserveRelay records the proxy's residency for one relayed upstream read.
 // It does not allocate.
 func (r *Recorder) ObserveRelay(d time.Duration) {
-	r.prom.overhead.Observe(d.Seconds())
+	r.prom.event[MetricOverhead].Observe(d.Seconds())
 	r.relay.record(micros(d))
 }
 
 // ObserveGap records the gap between two consecutive output events. It
 // does not allocate.
 func (r *Recorder) ObserveGap(d time.Duration) {
-	r.prom.gap.Observe(d.Seconds())
+	r.prom.event[MetricInterEvent].Observe(d.Seconds())
 	r.gap.record(micros(d))
 }
 

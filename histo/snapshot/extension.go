@@ -137,19 +137,6 @@ type Stats struct {
 	Stddev   Num   `json:"stddev"`
 }
 
-// phases are the extension's distributions, keyed as in the document.
-var phases = [...]struct {
-	key    string
-	metric histo.Metric
-}{
-	{"queue_ms", histo.MetricQueue},
-	{"prefill_ms", histo.MetricPrefill},
-	{"reasoning_ms", histo.MetricReasoning},
-	{"connect_ms", histo.MetricConnect},
-	{"inter_event_ms", histo.MetricInterEvent},
-	{"proxy_overhead_ms", histo.MetricOverhead},
-}
-
 // extension is the anvilproxy object.
 func (pop *population) extension(doc *Document) (*Extension, error) {
 	ext := &Extension{
