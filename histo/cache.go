@@ -46,6 +46,9 @@ func (t *cacheTally) add(rq *Request) {
 	}
 }
 
+// clone copies the tally: it holds values only.
+func (t *cacheTally) clone() cacheTally { return *t }
+
 func (t *cacheTally) section() *CacheSection {
 	return &CacheSection{EngineReported: t.reported.side(), Inferred: t.inferred.side(), Requests: t.requests}
 }

@@ -421,13 +421,11 @@ func (t *convTally) section() *ConversationsSection {
 // up, distributions merge exactly, and the slowest conversations are
 // taken again from each window's, a conversation by its latest record.
 func MergeConversations(sections ...*ConversationsSection) *ConversationsSection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return mergeSections(sections, mergeConversations)
+}
+
+// mergeConversations combines two or more sections.
+func mergeConversations(in []*ConversationsSection) *ConversationsSection {
 	out := &ConversationsSection{}
 	var gaps, turns, agent, engine []Dist
 	latest := make(map[string]ConversationRecord)

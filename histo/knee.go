@@ -224,13 +224,11 @@ func (s *ConcurrencySection) levelAt(total int64, q float64) int {
 // distributions merge exactly, and the knee and reading are taken again
 // from the merged levels.
 func MergeConcurrency(sections ...*ConcurrencySection) *ConcurrencySection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return mergeSections(sections, mergeConcurrency)
+}
+
+// mergeConcurrency combines two or more sections.
+func mergeConcurrency(in []*ConcurrencySection) *ConcurrencySection {
 	var levels [maxLevel + 1]*ConcurrencyLevel
 	var queues, services [maxLevel + 1][]Dist
 	out := &ConcurrencySection{Levels: []ConcurrencyLevel{}}

@@ -215,13 +215,11 @@ func turnBucketOf(i int, n int64, bytes [numParts]int64) TurnBucket {
 // share distributions merge exactly; the means by turn are weighted by
 // their requests.
 func MergeLedger(sections ...*LedgerSection) *LedgerSection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return mergeSections(sections, mergeLedger)
+}
+
+// mergeLedger combines two or more sections.
+func mergeLedger(in []*LedgerSection) *LedgerSection {
 	var t ledgerTally
 	var shares [numParts][]Dist
 	for _, s := range in {
@@ -251,15 +249,4 @@ func MergeLedger(sections ...*LedgerSection) *LedgerSection {
 		out.Parts.at(p).PerRequest = mergeDists(shareShape, shares[p]...)
 	}
 	return out
-}
-
-// present returns the non-nil sections.
-func present[T any](sections []*T) []*T {
-	var in []*T
-	for _, s := range sections {
-		if s != nil {
-			in = append(in, s)
-		}
-	}
-	return in
 }

@@ -215,13 +215,11 @@ var nan = Float(math.NaN())
 // merged reuse percentiles cannot be rebuilt from summaries and are null;
 // the most recent drift events are kept.
 func MergePrefix(sections ...*PrefixSection) *PrefixSection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return mergeSections(sections, mergePrefix)
+}
+
+// mergePrefix combines two or more sections.
+func mergePrefix(in []*PrefixSection) *PrefixSection {
 	out := &PrefixSection{Untracked: map[string]int64{}, DriftsBy: map[string]int64{}, RecentDrifts: []DriftRecord{},
 		Reuse: ReuseSummary{Mean: nan, P50: nan, P90: nan, Min: nan}}
 	var sum float64

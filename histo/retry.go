@@ -239,14 +239,10 @@ func gapSummary(gaps []time.Duration, n int64) GapSummary {
 // skipped; nil when all are). Counts add up exactly; clients are merged by
 // id among those each window itemized; gap percentiles cannot be merged
 // from summaries, so a merged section keeps only the count and the max.
-func MergeRetry(sections ...*RetrySection) *RetrySection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+func MergeRetry(sections ...*RetrySection) *RetrySection { return mergeSections(sections, mergeRetry) }
+
+// mergeRetry combines two or more sections.
+func mergeRetry(in []*RetrySection) *RetrySection {
 	out := &RetrySection{RetriesByPrevOutcome: make(map[string]int64), TopClients: []ClientRetries{}}
 	out.GapMs = GapSummary{P50: Float(math.NaN()), P90: Float(math.NaN()), Max: Float(math.NaN())}
 	clients := make(map[retry.ClientID]*ClientRetries)

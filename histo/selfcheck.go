@@ -338,13 +338,11 @@ const maxReasons = 10
 // noisy when any window was, with their reasons; the overshoot
 // distributions merge exactly and pressures keep their peak.
 func MergeQuality(sections ...*QualitySection) *QualitySection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return mergeSections(sections, mergeQuality)
+}
+
+// mergeQuality combines two or more sections.
+func mergeQuality(in []*QualitySection) *QualitySection {
 	out := &QualitySection{Verdict: VerdictUnknown, Reasons: []string{}, ProbePeriodMs: in[0].ProbePeriodMs, Thresholds: in[0].Thresholds,
 		Pressure: PSI{CPU: nan, IO: nan, Memory: nan}}
 	var overs []Dist
