@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -80,7 +81,7 @@ type ConcurrencyLevel struct {
 // kneeLevel is one level's tally.
 type kneeLevel struct {
 	requests, rejected int64
-	queue, service     distRec
+	queue, service     dist.Rec
 }
 
 // kneeTally accumulates a window's levels; guarded by Recorder.mu.
@@ -127,8 +128,8 @@ func (t *kneeTally) add(rq *Request, tr *proxy.Trace) {
 	if rq.Failed || !rq.Queue.Known() || !rq.Prefill.Known() || !rq.Generation.Known() {
 		return
 	}
-	l.queue.record(msShape, rq.Queue.Millis())
-	l.service.record(msShape, (rq.Prefill + rq.Generation).Millis())
+	l.queue.Record(dist.Ms, rq.Queue.Millis())
+	l.service.Record(dist.Ms, (rq.Prefill + rq.Generation).Millis())
 }
 
 func (t *kneeTally) clone() kneeTally {
@@ -136,7 +137,7 @@ func (t *kneeTally) clone() kneeTally {
 	for i, l := range t.levels {
 		if l != nil {
 			ll := *l
-			ll.queue, ll.service = l.queue.clone(), l.service.clone()
+			ll.queue, ll.service = l.queue.Clone(), l.service.Clone()
 			c.levels[i] = &ll
 		}
 	}
@@ -150,7 +151,7 @@ func (t *kneeTally) section() *ConcurrencySection {
 		if l != nil {
 			s.Levels = append(s.Levels, ConcurrencyLevel{
 				Level: levelName(i), Inflight: i, Requests: l.requests, Rejected: l.rejected,
-				QueueMs: l.queue.dist(msShape), ServiceMs: l.service.dist(msShape),
+				QueueMs: l.queue.Dist(dist.Ms), ServiceMs: l.service.Dist(dist.Ms),
 			})
 		}
 	}
@@ -224,7 +225,7 @@ func (s *ConcurrencySection) levelAt(total int64, q float64) int {
 // distributions merge exactly, and the knee and reading are taken again
 // from the merged levels.
 func MergeConcurrency(sections ...*ConcurrencySection) *ConcurrencySection {
-	return mergeSections(sections, mergeConcurrency)
+	return dist.MergeSections(sections, mergeConcurrency)
 }
 
 // mergeConcurrency combines two or more sections.
@@ -247,7 +248,7 @@ func mergeConcurrency(in []*ConcurrencySection) *ConcurrencySection {
 	}
 	for i, l := range levels {
 		if l != nil {
-			l.QueueMs, l.ServiceMs = mergeDists(msShape, queues[i]...), mergeDists(msShape, services[i]...)
+			l.QueueMs, l.ServiceMs = dist.Merge(dist.Ms, queues[i]...), dist.Merge(dist.Ms, services[i]...)
 			out.Levels = append(out.Levels, *l)
 		}
 	}

@@ -2,10 +2,10 @@ package histo
 
 import (
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -20,20 +20,6 @@ var (
 	decodeBuckets   = []float64{1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
 	prefillBuckets  = []float64{10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1e6}
 )
-
-// histogram returns a native+classic histogram. MaxBucketNumber and
-// MinResetDuration bound the native buckets: without them their number is
-// unbounded (performance-anchors §3.2).
-func histogram(name, help string, buckets []float64) prometheus.HistogramOpts {
-	return prometheus.HistogramOpts{
-		Name:                            name,
-		Help:                            help,
-		Buckets:                         buckets,
-		NativeHistogramBucketFactor:     1.1,
-		NativeHistogramMaxBucketNumber:  160,
-		NativeHistogramMinResetDuration: time.Hour,
-	}
-}
 
 // codeLabels are the status code label values, computed once so that Record
 // does not format a number per request. Status codes are three digits, so
@@ -140,7 +126,7 @@ func (m *metrics) phaseHistograms() []prometheus.Collector {
 	var out []prometheus.Collector
 	for i := range phases {
 		row := &phases[i]
-		opts := histogram(row.prom, row.help, row.buckets)
+		opts := dist.PromHistogram(row.prom, row.help, row.buckets)
 		switch row.labels {
 		case noProm:
 			continue

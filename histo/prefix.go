@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
@@ -208,14 +209,14 @@ func (t *prefixTally) section() *PrefixSection {
 	return s
 }
 
-var nan = Float(math.NaN())
+var nan = dist.NaN
 
 // MergePrefix combines the prefix sections of several windows (nil ones
 // are skipped; nil when all are). Counts and the mean add up exactly; the
 // merged reuse percentiles cannot be rebuilt from summaries and are null;
 // the most recent drift events are kept.
 func MergePrefix(sections ...*PrefixSection) *PrefixSection {
-	return mergeSections(sections, mergePrefix)
+	return dist.MergeSections(sections, mergePrefix)
 }
 
 // mergePrefix combines two or more sections.

@@ -2,6 +2,17 @@
 // histograms per window for v1 snapshots, native+classic Prometheus
 // histograms for /metrics, an honest queue/prefill split, and goodput
 // against configured SLOs.
+//
+// Inside: the Recorder (recorder.go); the phase table, the one place each
+// phase's names, unit, metric and keys are declared (phases.go); HDR pairs
+// (hdr.go); Prometheus collectors (metrics.go, labeled.go); windows
+// (window.go) and their per-concern tallies (tally.go: retry.go,
+// prefix.go, ledger.go, knee.go, conversations.go, cache.go); the
+// queue/prefill split and the engine's timeline (split.go, occupancy.go,
+// slots.go); goodput (goodput.go); the /requests ring (requests.go,
+// requests_other.go); failure words (failures.go). The host-noise probe is
+// histo/selfcheck; the shared nullable number and mergeable distribution
+// are histo/dist; the v1 files are histo/snapshot.
 package histo
 
 import (
@@ -16,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
@@ -56,14 +68,14 @@ type Config struct {
 	ConversationIdle time.Duration
 	// SelfCheck configures the measurement-quality probe
 	// (Recorder.SelfCheck), which the caller starts.
-	SelfCheck SelfCheckConfig
+	SelfCheck selfcheck.Config
 }
 
 func (c *Config) setDefaults() error {
 	if c.EngineSlots < 0 || c.RecentRequests < 0 || c.MaxWindowRequests < 0 || c.MaxConversations < 0 || c.ConversationIdle < 0 {
 		return errors.New("histo: EngineSlots, RecentRequests, MaxWindowRequests, MaxConversations and ConversationIdle must not be negative")
 	}
-	if err := c.SelfCheck.setDefaults(); err != nil {
+	if err := c.SelfCheck.SetDefaults(); err != nil {
 		return err
 	}
 	if len(c.SLOs) > maxSLOs {
@@ -120,7 +132,7 @@ type Recorder struct {
 	prefix *driftMetrics
 	ledger *ledgerMetrics
 	conv   *convMetrics
-	self   *SelfCheck
+	self   *selfcheck.Probe
 	model  rateModel
 	occ    occupancy
 	start  time.Time
@@ -160,7 +172,7 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r.prefix, prefixCollectors = newDriftMetrics()
 	r.ledger, ledgerCollectors = newLedgerMetrics()
 	r.conv, convCollectors = newConvMetrics()
-	r.self, selfCollectors = newSelfCheck(cfg.SelfCheck)
+	r.self, selfCollectors = selfcheck.New(cfg.SelfCheck)
 	retryCollectors = slices.Concat(retryCollectors, prefixCollectors, ledgerCollectors, convCollectors, selfCollectors)
 	if cfg.RetryStats != nil {
 		retryCollectors = append(retryCollectors, amplificationGauge(cfg.RetryStats))
@@ -295,7 +307,7 @@ func (r *Recorder) ObserveGap(d time.Duration) {
 
 // SelfCheck returns the measurement-quality probe, stopped until the caller
 // starts it; every window carries its verdict.
-func (r *Recorder) SelfCheck() *SelfCheck { return r.self }
+func (r *Recorder) SelfCheck() *selfcheck.Probe { return r.self }
 
 // Register adds the admin endpoints to mux: /metrics (Prometheus; protobuf
 // is negotiated for native histograms, OpenMetrics text otherwise),

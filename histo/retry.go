@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
@@ -35,7 +36,7 @@ func newRetryMetrics() (*retryMetrics, []prometheus.Collector) {
 			Name: "anvilproxy_client_logical_requests_total",
 			Help: "Distinct logical requests: first attempts, plus retries whose earlier attempts were never seen.",
 		}),
-		gap: prometheus.NewHistogram(histogram("anvilproxy_retry_gap_seconds",
+		gap: prometheus.NewHistogram(dist.PromHistogram("anvilproxy_retry_gap_seconds",
 			"Time from the end of the previous attempt to a retry's start: the client's backoff sleep.",
 			prometheus.ExponentialBucketsRange(0.01, 600, 20))),
 	}
@@ -239,7 +240,9 @@ func gapSummary(gaps []time.Duration, n int64) GapSummary {
 // skipped; nil when all are). Counts add up exactly; clients are merged by
 // id among those each window itemized; gap percentiles cannot be merged
 // from summaries, so a merged section keeps only the count and the max.
-func MergeRetry(sections ...*RetrySection) *RetrySection { return mergeSections(sections, mergeRetry) }
+func MergeRetry(sections ...*RetrySection) *RetrySection {
+	return dist.MergeSections(sections, mergeRetry)
+}
 
 // mergeRetry combines two or more sections.
 func mergeRetry(in []*RetrySection) *RetrySection {

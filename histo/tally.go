@@ -47,29 +47,3 @@ func (t *tallies) put(out *Window) {
 	out.Concurrency = t.knee.section()
 	out.Cache = t.cache.section()
 }
-
-// mergeSections is the one opening of every Merge*: absent (nil) sections
-// are left out; none merge to nil, so that a section no input has stays
-// null; one merges to itself; more are combined by combine, which gets
-// two or more.
-func mergeSections[S any](sections []*S, combine func(in []*S) *S) *S {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
-	return combine(in)
-}
-
-// present returns the non-nil sections.
-func present[T any](sections []*T) []*T {
-	var in []*T
-	for _, s := range sections {
-		if s != nil {
-			in = append(in, s)
-		}
-	}
-	return in
-}

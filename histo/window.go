@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 // Window is what the Recorder measured over one interval: exact HDR
@@ -47,7 +50,7 @@ type Window struct {
 	Conversations *ConversationsSection
 	Ledger        *LedgerSection
 	Concurrency   *ConcurrencySection
-	Quality       *QualitySection
+	Quality       *selfcheck.Section
 	// Cache is the window's prefix-cache figures, engine-reported and
 	// inferred side by side; Slots the engine's slot count as the
 	// occupancy split used it when the window ended. Nil for Cumulative.
@@ -94,9 +97,9 @@ type window struct {
 func newWindow(start time.Time, gen uint64) *window {
 	w := &window{start: start}
 	w.conv.gen = gen
-	w.conv.gaps.h, w.conv.engineTurn.h = msShape.new(), msShape.new()
+	w.conv.gaps, w.conv.engineTurn = dist.NewRec(dist.Ms), dist.NewRec(dist.Ms)
 	for p := range w.ledger.share {
-		w.ledger.share[p].h = shareShape.new()
+		w.ledger.share[p] = dist.NewRec(dist.Share)
 	}
 	return w
 }
@@ -165,7 +168,7 @@ func (r *Recorder) Rotate() *Window {
 
 	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.swap(fresh[MetricInterEvent])
 	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.swap(fresh[MetricOverhead])
-	r.fill(out, old, r.self.rotate())
+	r.fill(out, old, r.self.Rotate())
 	return out
 }
 
@@ -188,14 +191,14 @@ func (r *Recorder) Current() *Window {
 
 	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.cloneWindow()
 	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.cloneWindow()
-	r.fill(out, &cur, r.self.current())
+	r.fill(out, &cur, r.self.Current())
 	return out
 }
 
 // fill completes out, whose histograms are set, from w: a window that no
 // longer changes (swapped out by Rotate, or Current's copy), read without
 // the Recorder's lock.
-func (r *Recorder) fill(out *Window, w *window, quality qualityTally) {
+func (r *Recorder) fill(out *Window, w *window, quality *selfcheck.Section) {
 	out.Start = w.start
 	out.stampHist()
 	out.Requests = flatten(w.chunks, w.n)
@@ -205,7 +208,7 @@ func (r *Recorder) fill(out *Window, w *window, quality qualityTally) {
 	w.tallies.put(out)
 	slots := r.Slots()
 	out.Slots = &slots
-	out.Quality = r.self.section(&quality)
+	out.Quality = quality
 }
 
 // Cumulative returns the histograms, clamp counts and goodput since New,
