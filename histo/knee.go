@@ -2,7 +2,6 @@ package histo
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 
 	"github.com/anvilproxy/anvilproxy/histo/dist"
@@ -182,9 +181,9 @@ func (s *ConcurrencySection) read() {
 		}
 		return
 	}
-	s.Typical = Count(s.levelAt(total, 0.5))
+	s.Typical = Count(s.levelAt(total, 50))
 	// The top decile of load: the levels at or above its nearest-rank p90.
-	top := s.levelAt(total, 0.9)
+	top := s.levelAt(total, 90)
 	topRequests, topRejected := s.LimiterRejected, s.LimiterRejected
 	measured := false
 	for _, l := range s.Levels {
@@ -207,9 +206,10 @@ func (s *ConcurrencySection) read() {
 	}
 }
 
-// levelAt is the nearest-rank q-quantile of the admitted requests' levels.
-func (s *ConcurrencySection) levelAt(total int64, q float64) int {
-	want := max(int64(math.Ceil(q*float64(total))), 1)
+// levelAt is the nearest-rank p-th percentile of the admitted requests'
+// levels.
+func (s *ConcurrencySection) levelAt(total, p int64) int {
+	want := dist.Rank(p, total)
 	var seen int64
 	for _, l := range s.Levels {
 		seen += l.Requests

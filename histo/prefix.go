@@ -203,8 +203,7 @@ func (t *prefixTally) section() *PrefixSection {
 		s.Reuse.Mean = Float(t.reuseSum / float64(t.reuseN))
 		sorted := slices.Clone(t.reuse)
 		slices.Sort(sorted)
-		rank := func(q float64) Float { return Float(sorted[max(int(math.Ceil(q*float64(len(sorted))))-1, 0)]) }
-		s.Reuse.P50, s.Reuse.P90, s.Reuse.Min = rank(0.5), rank(0.9), Float(sorted[0])
+		s.Reuse.P50, s.Reuse.P90, s.Reuse.Min = Float(dist.NearestRank(sorted, 50)), Float(dist.NearestRank(sorted, 90)), Float(sorted[0])
 	}
 	return s
 }

@@ -227,12 +227,8 @@ func gapSummary(gaps []time.Duration, n int64) GapSummary {
 	}
 	sorted := slices.Clone(gaps)
 	slices.Sort(sorted)
-	at := func(q float64) Float { // nearest rank, as the v1 schema
-		i := int(math.Ceil(q*float64(len(sorted)))) - 1
-		return Float(float64(sorted[max(i, 0)]) / float64(time.Millisecond))
-	}
-	g.P50, g.P90 = at(0.5), at(0.9)
-	g.Max = Float(float64(sorted[len(sorted)-1]) / float64(time.Millisecond))
+	g.P50, g.P90 = dist.Millis(dist.NearestRank(sorted, 50)), dist.Millis(dist.NearestRank(sorted, 90))
+	g.Max = dist.Millis(sorted[len(sorted)-1])
 	return g
 }
 

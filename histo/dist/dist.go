@@ -9,6 +9,7 @@
 package dist
 
 import (
+	"cmp"
 	"math"
 	"strconv"
 	"time"
@@ -215,4 +216,17 @@ func Merge(s Shape, ds ...Dist) Dist {
 		return Dist{Count: count, Clamped: clamped, P50: NaN, P90: NaN, P95: NaN, P99: NaN, Max: NaN}
 	}
 	return s.summarize(h, clamped)
+}
+
+// Rank is the 1-based nearest rank of percentile p (0 to 100) among n
+// sorted values, ceil(p/100·n) and at least 1, in integers: 0.95·20 is
+// 19.000000000000004 in floating point and would round up to the wrong
+// rank. It is the one nearest-rank rule of the v1 schema
+// (timing_methodology.distributions) in the code base.
+func Rank(p, n int64) int64 { return max(1, (p*n+99)/100) }
+
+// NearestRank is the nearest-rank p-th percentile of sorted, which must
+// not be empty.
+func NearestRank[T cmp.Ordered](sorted []T, p int64) T {
+	return sorted[Rank(p, int64(len(sorted)))-1]
 }

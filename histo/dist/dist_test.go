@@ -55,3 +55,16 @@ func TestMergeSections(t *testing.T) {
 	require.Same(t, one, MergeSections([]*struct{ n int }{nil, one}, combine))
 	require.Equal(t, 2, MergeSections([]*struct{ n int }{one, nil, one}, combine).n)
 }
+
+// TestNearestRank: ceil(p/100·n) in integers, at least 1.
+func TestNearestRank(t *testing.T) {
+	require.Equal(t, int64(19), Rank(95, 20), "0.95·20 is 19, not 20")
+	require.Equal(t, int64(1), Rank(0, 5))
+	require.Equal(t, int64(1), Rank(50, 1))
+	require.Equal(t, int64(5), Rank(50, 10))
+	require.Equal(t, int64(10), Rank(99, 10))
+	v := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	require.Equal(t, 5, NearestRank(v, 50))
+	require.Equal(t, 9, NearestRank(v, 90))
+	require.Equal(t, 10, NearestRank(v, 99))
+}
