@@ -5,6 +5,7 @@ package selfcheck
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -67,18 +68,11 @@ func (c *Config) SetDefaults() error {
 	if c.Period < 0 || c.MaxOvershoot < 0 || c.MaxPressure < 0 || c.MaxPressure > 1 {
 		return errors.New("histo: SelfCheck.Period and MaxOvershoot must not be negative, MaxPressure must be within 0 and 1")
 	}
-	if c.Period == 0 {
-		c.Period = DefaultProbePeriod
-	}
-	if c.MaxOvershoot == 0 {
-		c.MaxOvershoot = DefaultMaxOvershoot
-	}
-	if c.MaxPressure == 0 {
-		c.MaxPressure = DefaultMaxPressure
-	}
-	if c.PressureDir == "" {
-		c.PressureDir = DefaultPressureDir
-	}
+	// cmp.Or: the first non-zero, so a zero field takes its default.
+	c.Period = cmp.Or(c.Period, DefaultProbePeriod)
+	c.MaxOvershoot = cmp.Or(c.MaxOvershoot, DefaultMaxOvershoot)
+	c.MaxPressure = cmp.Or(c.MaxPressure, DefaultMaxPressure)
+	c.PressureDir = cmp.Or(c.PressureDir, DefaultPressureDir)
 	return nil
 }
 
