@@ -1,6 +1,10 @@
 package histo
 
-import "math"
+import (
+	"math"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
+)
 
 // CacheSection is a window's prefix-cache figures, the engine's word and
 // the proxy's inference side by side and never mixed (docs/queue-split.md):
@@ -46,6 +50,9 @@ func (t *cacheTally) add(rq *Request) {
 	}
 }
 
+// clone copies the tally: it holds values only.
+func (t *cacheTally) clone() cacheTally { return *t }
+
 func (t *cacheTally) section() *CacheSection {
 	return &CacheSection{EngineReported: t.reported.side(), Inferred: t.inferred.side(), Requests: t.requests}
 }
@@ -61,7 +68,7 @@ func (s cacheSideTally) side() CacheSide {
 // MergeCache sums cache sections; nil ones (files that have none) are
 // skipped, and nil is returned when none has one.
 func MergeCache(sections ...*CacheSection) *CacheSection {
-	in := present(sections)
+	in := dist.Present(sections)
 	if len(in) == 0 {
 		return nil
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -45,7 +46,7 @@ type convMetrics struct {
 
 func newConvMetrics() (*convMetrics, []prometheus.Collector) {
 	m := &convMetrics{
-		gap: prometheus.NewHistogram(histogram("anvilproxy_agent_gap_seconds",
+		gap: prometheus.NewHistogram(dist.PromHistogram("anvilproxy_agent_gap_seconds",
 			"Time from the end of a response to the next request of the same conversation: the agent's own time (tools, prompt building, backoff).",
 			[]float64{.05, .1, .25, .5, 1, 2.5, 5, 10, 25, 50, 100, 250, 600, 1800})),
 	}
@@ -306,21 +307,19 @@ type TurnTiming struct {
 	Status     int   `json:"status"`
 }
 
-func msOf(d time.Duration) Float { return Float(float64(d) / float64(time.Millisecond)) }
-
 func (st *convState) record() ConversationRecord {
 	wall := st.lastDone.Sub(st.first)
 	r := ConversationRecord{
 		Conversation: fmt.Sprintf("%016x", st.id), StartedAt: st.first.Round(0).UTC(), Turns: st.turns,
-		WallMs: msOf(wall), EngineMs: msOf(st.engine), AgentMs: msOf(st.agent),
+		WallMs: dist.Millis(wall), EngineMs: dist.Millis(st.engine), AgentMs: dist.Millis(st.agent),
 		EngineShare: ratio(int64(st.engine), int64(wall)), AgentShare: ratio(int64(st.agent), int64(wall)),
 	}
 	n := min(st.turns, timelineTurns)
 	for i := range n {
 		m := st.marks[(st.next-n+i+timelineTurns)%timelineTurns]
-		tt := TurnTiming{Turn: m.turn, StartMs: msOf(m.start), EngineMs: msOf(m.engine), AgentGapMs: nan, Status: m.status}
+		tt := TurnTiming{Turn: m.turn, StartMs: dist.Millis(m.start), EngineMs: dist.Millis(m.engine), AgentGapMs: nan, Status: m.status}
 		if m.gap >= 0 {
-			tt.AgentGapMs = msOf(m.gap)
+			tt.AgentGapMs = dist.Millis(m.gap)
 		}
 		r.Timeline = append(r.Timeline, tt)
 	}
@@ -367,7 +366,7 @@ type convTally struct {
 	gen                                  uint64
 	turns, fresh, untracked, overlapping int64
 	engine, agent                        time.Duration
-	gaps, engineTurn                     distRec
+	gaps, engineTurn                     dist.Rec
 	sealed                               convSeal
 }
 
@@ -385,15 +384,15 @@ func (t *convTally) add(turn convTurn) {
 	}
 	if turn.hasGap {
 		t.agent += turn.gap
-		t.gaps.record(msShape, float64(turn.gap)/float64(time.Millisecond))
+		t.gaps.Record(dist.Ms, float64(turn.gap)/float64(time.Millisecond))
 	}
 	t.engine += turn.busy
-	t.engineTurn.record(msShape, float64(turn.engine)/float64(time.Millisecond))
+	t.engineTurn.Record(dist.Ms, float64(turn.engine)/float64(time.Millisecond))
 }
 
 func (t *convTally) clone() convTally {
 	c := *t
-	c.gaps, c.engineTurn = t.gaps.clone(), t.engineTurn.clone()
+	c.gaps, c.engineTurn = t.gaps.Clone(), t.engineTurn.Clone()
 	return c
 }
 
@@ -401,18 +400,18 @@ func (t *convTally) clone() convTally {
 func (t *convTally) section() *ConversationsSection {
 	s := &ConversationsSection{
 		Conversations: t.sealed.active, New: t.fresh, Turns: t.turns, Untracked: t.untracked, OverlappingTurns: t.overlapping,
-		EngineMs: msOf(t.engine), AgentMs: msOf(t.agent), AgentShare: ratio(int64(t.agent), int64(t.agent+t.engine)),
-		AgentGapMs: t.gaps.dist(msShape), EngineTurnMs: t.engineTurn.dist(msShape),
+		EngineMs: dist.Millis(t.engine), AgentMs: dist.Millis(t.agent), AgentShare: ratio(int64(t.agent), int64(t.agent+t.engine)),
+		AgentGapMs: t.gaps.Dist(dist.Ms), EngineTurnMs: t.engineTurn.Dist(dist.Ms),
 		Slowest: append([]ConversationRecord{}, t.sealed.slowest...),
 	}
-	var agent, engine distRec
+	var agent, engine dist.Rec
 	for _, v := range t.sealed.agentShares {
-		agent.record(shareShape, v)
+		agent.Record(dist.Share, v)
 	}
 	for _, v := range t.sealed.engineShares {
-		engine.record(shareShape, v)
+		engine.Record(dist.Share, v)
 	}
-	s.AgentShareByConversation, s.EngineShareByConversation = agent.dist(shareShape), engine.dist(shareShape)
+	s.AgentShareByConversation, s.EngineShareByConversation = agent.Dist(dist.Share), engine.Dist(dist.Share)
 	return s
 }
 
@@ -421,13 +420,11 @@ func (t *convTally) section() *ConversationsSection {
 // up, distributions merge exactly, and the slowest conversations are
 // taken again from each window's, a conversation by its latest record.
 func MergeConversations(sections ...*ConversationsSection) *ConversationsSection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return dist.MergeSections(sections, mergeConversations)
+}
+
+// mergeConversations combines two or more sections.
+func mergeConversations(in []*ConversationsSection) *ConversationsSection {
 	out := &ConversationsSection{}
 	var gaps, turns, agent, engine []Dist
 	latest := make(map[string]ConversationRecord)
@@ -451,9 +448,9 @@ func MergeConversations(sections ...*ConversationsSection) *ConversationsSection
 	if out.AgentMs+out.EngineMs == 0 {
 		out.AgentShare = nan
 	}
-	out.AgentGapMs, out.EngineTurnMs = mergeDists(msShape, gaps...), mergeDists(msShape, turns...)
-	out.AgentShareByConversation = mergeDists(shareShape, agent...)
-	out.EngineShareByConversation = mergeDists(shareShape, engine...)
+	out.AgentGapMs, out.EngineTurnMs = dist.Merge(dist.Ms, gaps...), dist.Merge(dist.Ms, turns...)
+	out.AgentShareByConversation = dist.Merge(dist.Share, agent...)
+	out.EngineShareByConversation = dist.Merge(dist.Share, engine...)
 	out.Slowest = []ConversationRecord{}
 	for _, r := range latest {
 		out.Slowest = append(out.Slowest, r)

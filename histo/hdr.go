@@ -74,28 +74,19 @@ var unitMax = [...]int64{
 // 190 KB per dense histogram (performance-anchors §3.1).
 const sigFigs = 3
 
-var metricNames = [NumMetrics]string{
-	"time_to_first_output", "ttft", "queue", "prefill", "reasoning", "generation", "tpot", "e2e",
-	"connect", "decode_tok_s", "effective_prefill_tok_s", "prompt_tokens", "completion_tokens",
-	"inter_event", "proxy_overhead",
-}
-
 // String returns the metric's name: the v1 schema's stem where it has one
 // ("ttft", "e2e", "decode_tok_s", …).
 func (m Metric) String() string {
 	if m < NumMetrics {
-		return metricNames[m]
+		return phases[m].Name
 	}
 	return "unknown"
 }
 
 // Unit returns the unit of the metric's HDR values.
 func (m Metric) Unit() Unit {
-	switch m {
-	case MetricDecodeRate, MetricPrefillRate:
-		return MilliTokensPerSecond
-	case MetricPromptTokens, MetricCompletionTokens:
-		return Tokens
+	if m < NumMetrics {
+		return phases[m].Unit
 	}
 	return Microseconds
 }

@@ -2,9 +2,9 @@ package histo
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -80,7 +80,7 @@ type ConcurrencyLevel struct {
 // kneeLevel is one level's tally.
 type kneeLevel struct {
 	requests, rejected int64
-	queue, service     distRec
+	queue, service     dist.Rec
 }
 
 // kneeTally accumulates a window's levels; guarded by Recorder.mu.
@@ -127,8 +127,8 @@ func (t *kneeTally) add(rq *Request, tr *proxy.Trace) {
 	if rq.Failed || !rq.Queue.Known() || !rq.Prefill.Known() || !rq.Generation.Known() {
 		return
 	}
-	l.queue.record(msShape, rq.Queue.Millis())
-	l.service.record(msShape, (rq.Prefill + rq.Generation).Millis())
+	l.queue.Record(dist.Ms, rq.Queue.Millis())
+	l.service.Record(dist.Ms, (rq.Prefill + rq.Generation).Millis())
 }
 
 func (t *kneeTally) clone() kneeTally {
@@ -136,7 +136,7 @@ func (t *kneeTally) clone() kneeTally {
 	for i, l := range t.levels {
 		if l != nil {
 			ll := *l
-			ll.queue, ll.service = l.queue.clone(), l.service.clone()
+			ll.queue, ll.service = l.queue.Clone(), l.service.Clone()
 			c.levels[i] = &ll
 		}
 	}
@@ -150,7 +150,7 @@ func (t *kneeTally) section() *ConcurrencySection {
 		if l != nil {
 			s.Levels = append(s.Levels, ConcurrencyLevel{
 				Level: levelName(i), Inflight: i, Requests: l.requests, Rejected: l.rejected,
-				QueueMs: l.queue.dist(msShape), ServiceMs: l.service.dist(msShape),
+				QueueMs: l.queue.Dist(dist.Ms), ServiceMs: l.service.Dist(dist.Ms),
 			})
 		}
 	}
@@ -181,9 +181,9 @@ func (s *ConcurrencySection) read() {
 		}
 		return
 	}
-	s.Typical = Count(s.levelAt(total, 0.5))
+	s.Typical = Count(s.levelAt(total, 50))
 	// The top decile of load: the levels at or above its nearest-rank p90.
-	top := s.levelAt(total, 0.9)
+	top := s.levelAt(total, 90)
 	topRequests, topRejected := s.LimiterRejected, s.LimiterRejected
 	measured := false
 	for _, l := range s.Levels {
@@ -206,9 +206,10 @@ func (s *ConcurrencySection) read() {
 	}
 }
 
-// levelAt is the nearest-rank q-quantile of the admitted requests' levels.
-func (s *ConcurrencySection) levelAt(total int64, q float64) int {
-	want := max(int64(math.Ceil(q*float64(total))), 1)
+// levelAt is the nearest-rank p-th percentile of the admitted requests'
+// levels.
+func (s *ConcurrencySection) levelAt(total, p int64) int {
+	want := dist.Rank(p, total)
 	var seen int64
 	for _, l := range s.Levels {
 		seen += l.Requests
@@ -224,13 +225,11 @@ func (s *ConcurrencySection) levelAt(total int64, q float64) int {
 // distributions merge exactly, and the knee and reading are taken again
 // from the merged levels.
 func MergeConcurrency(sections ...*ConcurrencySection) *ConcurrencySection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return dist.MergeSections(sections, mergeConcurrency)
+}
+
+// mergeConcurrency combines two or more sections.
+func mergeConcurrency(in []*ConcurrencySection) *ConcurrencySection {
 	var levels [maxLevel + 1]*ConcurrencyLevel
 	var queues, services [maxLevel + 1][]Dist
 	out := &ConcurrencySection{Levels: []ConcurrencyLevel{}}
@@ -249,7 +248,7 @@ func MergeConcurrency(sections ...*ConcurrencySection) *ConcurrencySection {
 	}
 	for i, l := range levels {
 		if l != nil {
-			l.QueueMs, l.ServiceMs = mergeDists(msShape, queues[i]...), mergeDists(msShape, services[i]...)
+			l.QueueMs, l.ServiceMs = dist.Merge(dist.Ms, queues[i]...), dist.Merge(dist.Ms, services[i]...)
 			out.Levels = append(out.Levels, *l)
 		}
 	}

@@ -3,7 +3,6 @@ package histo
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -27,12 +26,11 @@ type routeModel struct {
 // with data are exported (a route and model that never saw a server-timed
 // request has no queue{source="server"} series), and once, so that Record
 // does not hash labels.
-type observers struct {
-	ttfo, ttft, prefill, reasoning, generation, tpot, e2e lazyObserver
-	decodeRate, prefillRate                               lazyObserver
-	queue                                                 [len(sources)]lazyObserver // none is never observed
-	connect                                               [2]lazyObserver            // warm, cold
-}
+//
+// An observer is indexed by Metric and by the value of the row's extra
+// label: the QueueSource index for bySource (SourceNone is never
+// observed), warm/cold for byCold, 0 for byRouteModel.
+type observers [NumMetrics][len(sources)]lazyObserver
 
 // lazyObserver is one child of vec with labels, resolved on first use.
 // Safe for concurrent use: two first observations may both resolve it, to
@@ -98,21 +96,20 @@ func (m *metrics) labeled(route proxy.Route, model string) *observers {
 func (m *metrics) newObservers(route, model string) *observers {
 	rm := []string{route, model}
 	o := &observers{}
-	for _, x := range []struct {
-		l   *lazyObserver
-		vec *prometheus.HistogramVec
-	}{
-		{&o.ttfo, m.ttfo}, {&o.ttft, m.ttft}, {&o.prefill, m.prefill}, {&o.reasoning, m.reasoning},
-		{&o.generation, m.generation}, {&o.tpot, m.tpot}, {&o.e2e, m.e2e},
-		{&o.decodeRate, m.decodeRate}, {&o.prefillRate, m.prefillRate},
-	} {
-		x.l.vec, x.l.labels = x.vec, rm
-	}
-	for i, s := range sources {
-		o.queue[i].vec, o.queue[i].labels = m.queue, []string{string(s), route, model}
-	}
-	for i, cold := range []string{"false", "true"} {
-		o.connect[i].vec, o.connect[i].labels = m.connect, []string{cold, route, model}
+	for i := range phases {
+		x := &o[i]
+		switch phases[i].labels {
+		case byRouteModel:
+			x[0].vec, x[0].labels = m.phase[i], rm
+		case bySource:
+			for j, s := range sources {
+				x[j].vec, x[j].labels = m.phase[i], []string{string(s), route, model}
+			}
+		case byCold:
+			for j, cold := range []string{"false", "true"} {
+				x[j].vec, x[j].labels = m.phase[i], []string{cold, route, model}
+			}
+		}
 	}
 	return o
 }
@@ -123,27 +120,22 @@ func (m *metrics) newObservers(route, model string) *observers {
 // timing and metadata but are excluded from performance distributions");
 // they are counted by code and error.
 func (o *observers) observe(rq *Request) {
-	obs := func(x *lazyObserver, s Span) {
-		if s.Known() {
-			x.Observe(time.Duration(s).Seconds())
+	for i := range phases {
+		row := &phases[i]
+		j := 0
+		switch row.labels {
+		case noProm, perEvent:
+			continue
+		case bySource:
+			if rq.QueueSource == SourceNone {
+				continue
+			}
+			j = rq.QueueSource.index()
+		case byCold:
+			j = b2i(rq.Cold)
+		}
+		if v, ok := row.promValue(rq); ok {
+			o[i][j].Observe(v)
 		}
 	}
-	obs(&o.ttfo, rq.TTFO)
-	obs(&o.ttft, rq.TTFT)
-	if rq.QueueSource != SourceNone {
-		obs(&o.queue[rq.QueueSource.index()], rq.Queue)
-	}
-	obs(&o.prefill, rq.Prefill)
-	obs(&o.reasoning, rq.Reasoning)
-	obs(&o.generation, rq.Generation)
-	obs(&o.tpot, rq.TPOT)
-	obs(&o.e2e, rq.E2E)
-	obs(&o.connect[b2i(rq.Cold)], rq.Connect)
-	rate := func(x *lazyObserver, f Float) {
-		if f.Known() {
-			x.Observe(float64(f))
-		}
-	}
-	rate(&o.decodeRate, rq.DecodeRate)
-	rate(&o.prefillRate, rq.PrefillRate)
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
@@ -153,7 +154,7 @@ func (f *PartFloats) at(p part) *Float {
 type ledgerTally struct {
 	requests, prompt int64
 	bytes            [numParts]int64
-	share            [numParts]distRec
+	share            [numParts]dist.Rec
 	byTurn           [len(turnBuckets)]struct {
 		n     int64
 		bytes [numParts]int64
@@ -173,14 +174,14 @@ func (t *ledgerTally) add(tr *proxy.Trace) {
 	for p, n := range b {
 		t.bytes[p] += n
 		bt.bytes[p] += n
-		t.share[p].record(shareShape, float64(n)/float64(res.PromptBytes))
+		t.share[p].Record(dist.Share, float64(n)/float64(res.PromptBytes))
 	}
 }
 
 func (t *ledgerTally) clone() ledgerTally {
 	c := *t
 	for p := range c.share {
-		c.share[p] = t.share[p].clone()
+		c.share[p] = t.share[p].Clone()
 	}
 	return c
 }
@@ -191,7 +192,7 @@ func (t *ledgerTally) section() *LedgerSection {
 	for p := range numParts {
 		*s.Parts.at(p) = LedgerPart{
 			Bytes: t.bytes[p], TokensEst: t.bytes[p] / ledgerBytesPerToken,
-			Share: ratio(t.bytes[p], t.prompt), PerRequest: t.share[p].dist(shareShape),
+			Share: ratio(t.bytes[p], t.prompt), PerRequest: t.share[p].Dist(dist.Share),
 		}
 	}
 	for i, bt := range t.byTurn {
@@ -215,13 +216,11 @@ func turnBucketOf(i int, n int64, bytes [numParts]int64) TurnBucket {
 // share distributions merge exactly; the means by turn are weighted by
 // their requests.
 func MergeLedger(sections ...*LedgerSection) *LedgerSection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return dist.MergeSections(sections, mergeLedger)
+}
+
+// mergeLedger combines two or more sections.
+func mergeLedger(in []*LedgerSection) *LedgerSection {
 	var t ledgerTally
 	var shares [numParts][]Dist
 	for _, s := range in {
@@ -248,18 +247,7 @@ func MergeLedger(sections ...*LedgerSection) *LedgerSection {
 	}
 	out := t.section()
 	for p := range numParts {
-		out.Parts.at(p).PerRequest = mergeDists(shareShape, shares[p]...)
+		out.Parts.at(p).PerRequest = dist.Merge(dist.Share, shares[p]...)
 	}
 	return out
-}
-
-// present returns the non-nil sections.
-func present[T any](sections []*T) []*T {
-	var in []*T
-	for _, s := range sections {
-		if s != nil {
-			in = append(in, s)
-		}
-	}
-	return in
 }

@@ -2,10 +2,10 @@ package histo
 
 import (
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -20,20 +20,6 @@ var (
 	decodeBuckets   = []float64{1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000}
 	prefillBuckets  = []float64{10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1e6}
 )
-
-// histogram returns a native+classic histogram. MaxBucketNumber and
-// MinResetDuration bound the native buckets: without them their number is
-// unbounded (performance-anchors §3.2).
-func histogram(name, help string, buckets []float64) prometheus.HistogramOpts {
-	return prometheus.HistogramOpts{
-		Name:                            name,
-		Help:                            help,
-		Buckets:                         buckets,
-		NativeHistogramBucketFactor:     1.1,
-		NativeHistogramMaxBucketNumber:  160,
-		NativeHistogramMinResetDuration: time.Hour,
-	}
-}
 
 // codeLabels are the status code label values, computed once so that Record
 // does not format a number per request. Status codes are three digits, so
@@ -65,10 +51,8 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
 
-	ttfo, ttft, prefill, reasoning, generation, tpot, e2e *prometheus.HistogramVec // by route, model
-	queue, connect                                        *prometheus.HistogramVec // by source or cold, route, model
-	decodeRate, prefillRate                               *prometheus.HistogramVec // by route, model
-	gap, overhead                                         prometheus.Histogram
+	phase [NumMetrics]*prometheus.HistogramVec // the phase table's labeled per-request rows
+	event [NumMetrics]prometheus.Histogram     // its per-event rows (inter-event, overhead)
 
 	promptTokens, completionTokens, cachedTokens, reasoningTokens prometheus.Counter
 	cacheReported, cacheInferred, cacheInferable                  prometheus.Counter
@@ -82,10 +66,6 @@ type metrics struct {
 }
 
 func newMetrics() *metrics {
-	rm := []string{"route", "model"}
-	vec := func(opts prometheus.HistogramOpts) *prometheus.HistogramVec {
-		return prometheus.NewHistogramVec(opts, rm)
-	}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "anvilproxy_requests_total",
@@ -95,32 +75,6 @@ func newMetrics() *metrics {
 			Name: "anvilproxy_errors_total",
 			Help: "Requests that ended in an error, by the side it came from and its kind (truncated: a stream that ended without its end marker, status 200 notwithstanding).",
 		}, []string{"side", "kind"}),
-		ttfo: vec(histogram("anvilproxy_time_to_first_output_seconds",
-			"Time from request received to the first reasoning, content or tool-call delta. Successful inference requests only.", phaseBuckets)),
-		ttft: vec(histogram("anvilproxy_time_to_first_token_seconds",
-			"Time from request received to the first content or tool-call delta; includes reasoning. Successful inference requests only.", phaseBuckets)),
-		prefill: vec(histogram("anvilproxy_prefill_seconds",
-			"Prefill time: time to first output minus queue and connect. Successful inference requests only.", phaseBuckets)),
-		reasoning: vec(histogram("anvilproxy_reasoning_seconds",
-			"Time from the first output to the first content when reasoning came first, else 0. Successful inference requests only.", phaseBuckets)),
-		generation: vec(histogram("anvilproxy_generation_seconds",
-			"Time from the first output to the end of the upstream stream. Successful inference requests only.", phaseBuckets)),
-		tpot: vec(histogram("anvilproxy_time_per_output_token_seconds",
-			"Generation time divided by output tokens after the first. Successful inference requests only.", tpotBuckets)),
-		e2e: vec(histogram("anvilproxy_request_duration_seconds",
-			"Time from request received to the end of the upstream response. Successful inference requests only.", phaseBuckets)),
-		decodeRate: vec(histogram("anvilproxy_decode_tokens_per_second",
-			"Output tokens after the first divided by generation time, per request. Successful inference requests only.", decodeBuckets)),
-		prefillRate: vec(histogram("anvilproxy_prefill_tokens_per_second",
-			"Effective prefill rate: prompt tokens divided by time to first output (queueing included), per request. Successful inference requests only.", prefillBuckets)),
-		queue: prometheus.NewHistogramVec(histogram("anvilproxy_queue_seconds",
-			"Wait before prefill began (limiter wait plus engine queue), by where the split came from. Successful inference requests only.", phaseBuckets), []string{"source", "route", "model"}),
-		connect: prometheus.NewHistogramVec(histogram("anvilproxy_upstream_connect_seconds",
-			"Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.", gapBuckets), []string{"cold", "route", "model"}),
-		gap: prometheus.NewHistogram(histogram("anvilproxy_inter_event_seconds",
-			"Gap between consecutive output events of a stream, every gap.", gapBuckets)),
-		overhead: prometheus.NewHistogram(histogram("anvilproxy_proxy_overhead_seconds",
-			"Proxy residency per relayed upstream read: read returned to client write and flush returned.", overheadBuckets)),
 		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "anvilproxy_prompt_tokens_total", Help: "Prompt tokens of finished inference requests."}),
 		completionTokens: prometheus.NewCounter(prometheus.CounterOpts{
@@ -159,13 +113,37 @@ func newMetrics() *metrics {
 	}
 	m.sets.m = m
 	m.all = []prometheus.Collector{
-		m.requests, m.errors, m.ttfo, m.ttft, m.prefill, m.reasoning, m.generation, m.tpot, m.e2e,
-		m.decodeRate, m.prefillRate, m.gap, m.overhead,
-		m.promptTokens, m.completionTokens, m.cachedTokens, m.reasoningTokens, m.dropped,
-		m.cacheReported, m.cacheInferred, m.cacheInferable,
-		m.queue, m.connect, src, clamped,
+		m.requests, m.errors, m.promptTokens, m.completionTokens, m.cachedTokens, m.reasoningTokens, m.dropped,
+		m.cacheReported, m.cacheInferred, m.cacheInferable, src, clamped,
 	}
+	m.all = append(m.all, m.phaseHistograms()...)
 	return m
+}
+
+// phaseHistograms creates the Prometheus histograms of the phase table's
+// rows and returns them for registration.
+func (m *metrics) phaseHistograms() []prometheus.Collector {
+	var out []prometheus.Collector
+	for i := range phases {
+		row := &phases[i]
+		opts := dist.PromHistogram(row.prom, row.help, row.buckets)
+		switch row.labels {
+		case noProm:
+			continue
+		case perEvent:
+			m.event[i] = prometheus.NewHistogram(opts)
+			out = append(out, m.event[i])
+			continue
+		case byRouteModel:
+			m.phase[i] = prometheus.NewHistogramVec(opts, []string{"route", "model"})
+		case bySource:
+			m.phase[i] = prometheus.NewHistogramVec(opts, []string{"source", "route", "model"})
+		case byCold:
+			m.phase[i] = prometheus.NewHistogramVec(opts, []string{"cold", "route", "model"})
+		}
+		out = append(out, m.phase[i])
+	}
+	return out
 }
 
 // count updates the counters that every finished request feeds, whatever

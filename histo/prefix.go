@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
@@ -202,26 +203,23 @@ func (t *prefixTally) section() *PrefixSection {
 		s.Reuse.Mean = Float(t.reuseSum / float64(t.reuseN))
 		sorted := slices.Clone(t.reuse)
 		slices.Sort(sorted)
-		rank := func(q float64) Float { return Float(sorted[max(int(math.Ceil(q*float64(len(sorted))))-1, 0)]) }
-		s.Reuse.P50, s.Reuse.P90, s.Reuse.Min = rank(0.5), rank(0.9), Float(sorted[0])
+		s.Reuse.P50, s.Reuse.P90, s.Reuse.Min = Float(dist.NearestRank(sorted, 50)), Float(dist.NearestRank(sorted, 90)), Float(sorted[0])
 	}
 	return s
 }
 
-var nan = Float(math.NaN())
+var nan = dist.NaN
 
 // MergePrefix combines the prefix sections of several windows (nil ones
 // are skipped; nil when all are). Counts and the mean add up exactly; the
 // merged reuse percentiles cannot be rebuilt from summaries and are null;
 // the most recent drift events are kept.
 func MergePrefix(sections ...*PrefixSection) *PrefixSection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return dist.MergeSections(sections, mergePrefix)
+}
+
+// mergePrefix combines two or more sections.
+func mergePrefix(in []*PrefixSection) *PrefixSection {
 	out := &PrefixSection{Untracked: map[string]int64{}, DriftsBy: map[string]int64{}, RecentDrifts: []DriftRecord{},
 		Reuse: ReuseSummary{Mean: nan, P50: nan, P90: nan, Min: nan}}
 	var sum float64

@@ -2,6 +2,17 @@
 // histograms per window for v1 snapshots, native+classic Prometheus
 // histograms for /metrics, an honest queue/prefill split, and goodput
 // against configured SLOs.
+//
+// Inside: the Recorder (recorder.go); the phase table, the one place each
+// phase's names, unit, metric and keys are declared (phases.go); HDR pairs
+// (hdr.go); Prometheus collectors (metrics.go, labeled.go); windows
+// (window.go) and their per-concern tallies (tally.go: retry.go,
+// prefix.go, ledger.go, knee.go, conversations.go, cache.go); the
+// queue/prefill split and the engine's timeline (split.go, occupancy.go,
+// slots.go); goodput (goodput.go); the /requests ring (requests.go,
+// requests_other.go); failure words (failures.go). The host-noise probe is
+// histo/selfcheck; the shared nullable number and mergeable distribution
+// are histo/dist; the v1 files are histo/snapshot.
 package histo
 
 import (
@@ -16,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
@@ -56,14 +68,14 @@ type Config struct {
 	ConversationIdle time.Duration
 	// SelfCheck configures the measurement-quality probe
 	// (Recorder.SelfCheck), which the caller starts.
-	SelfCheck SelfCheckConfig
+	SelfCheck selfcheck.Config
 }
 
 func (c *Config) setDefaults() error {
 	if c.EngineSlots < 0 || c.RecentRequests < 0 || c.MaxWindowRequests < 0 || c.MaxConversations < 0 || c.ConversationIdle < 0 {
 		return errors.New("histo: EngineSlots, RecentRequests, MaxWindowRequests, MaxConversations and ConversationIdle must not be negative")
 	}
-	if err := c.SelfCheck.setDefaults(); err != nil {
+	if err := c.SelfCheck.SetDefaults(); err != nil {
 		return err
 	}
 	if len(c.SLOs) > maxSLOs {
@@ -120,7 +132,7 @@ type Recorder struct {
 	prefix *driftMetrics
 	ledger *ledgerMetrics
 	conv   *convMetrics
-	self   *SelfCheck
+	self   *selfcheck.Probe
 	model  rateModel
 	occ    occupancy
 	start  time.Time
@@ -160,7 +172,7 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r.prefix, prefixCollectors = newDriftMetrics()
 	r.ledger, ledgerCollectors = newLedgerMetrics()
 	r.conv, convCollectors = newConvMetrics()
-	r.self, selfCollectors = newSelfCheck(cfg.SelfCheck)
+	r.self, selfCollectors = selfcheck.New(cfg.SelfCheck)
 	retryCollectors = slices.Concat(retryCollectors, prefixCollectors, ledgerCollectors, convCollectors, selfCollectors)
 	if cfg.RetryStats != nil {
 		retryCollectors = append(retryCollectors, amplificationGauge(cfg.RetryStats))
@@ -269,53 +281,33 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.recent.put(rq)
 }
 
-// recordHDR records a successful request's phases. The caller holds r.mu.
+// recordHDR records a successful request's phases, as the phase table
+// reads them. The caller holds r.mu.
 func (r *Recorder) recordHDR(rq *Request) {
-	lat := func(m Metric, s Span) {
-		if s.Known() {
-			r.hist[m].record(micros(time.Duration(s)))
+	for m := range numRequestMetrics {
+		if v, ok := phases[m].hdrValue(rq); ok {
+			r.hist[m].record(v)
 		}
-	}
-	lat(MetricTTFO, rq.TTFO)
-	lat(MetricTTFT, rq.TTFT)
-	lat(MetricQueue, rq.Queue)
-	lat(MetricPrefill, rq.Prefill)
-	lat(MetricReasoning, rq.Reasoning)
-	lat(MetricGeneration, rq.Generation)
-	lat(MetricTPOT, rq.TPOT)
-	lat(MetricE2E, rq.E2E)
-	lat(MetricConnect, rq.Connect)
-	if rq.DecodeRate.Known() {
-		r.hist[MetricDecodeRate].record(millis(float64(rq.DecodeRate)))
-	}
-	if rq.PrefillRate.Known() {
-		r.hist[MetricPrefillRate].record(millis(float64(rq.PrefillRate)))
-	}
-	if rq.PromptTokens >= 0 {
-		r.hist[MetricPromptTokens].record(int64(rq.PromptTokens))
-	}
-	if rq.OutputTokens >= 0 {
-		r.hist[MetricCompletionTokens].record(int64(rq.OutputTokens))
 	}
 }
 
 // ObserveRelay records the proxy's residency for one relayed upstream read.
 // It does not allocate.
 func (r *Recorder) ObserveRelay(d time.Duration) {
-	r.prom.overhead.Observe(d.Seconds())
+	r.prom.event[MetricOverhead].Observe(d.Seconds())
 	r.relay.record(micros(d))
 }
 
 // ObserveGap records the gap between two consecutive output events. It
 // does not allocate.
 func (r *Recorder) ObserveGap(d time.Duration) {
-	r.prom.gap.Observe(d.Seconds())
+	r.prom.event[MetricInterEvent].Observe(d.Seconds())
 	r.gap.record(micros(d))
 }
 
 // SelfCheck returns the measurement-quality probe, stopped until the caller
 // starts it; every window carries its verdict.
-func (r *Recorder) SelfCheck() *SelfCheck { return r.self }
+func (r *Recorder) SelfCheck() *selfcheck.Probe { return r.self }
 
 // Register adds the admin endpoints to mux: /metrics (Prometheus; protobuf
 // is negotiated for native histograms, OpenMetrics text otherwise),

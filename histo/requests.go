@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
@@ -54,30 +55,12 @@ func (s *Span) UnmarshalJSON(b []byte) error {
 }
 
 // Float is a float64 that may be unknown (NaN); it marshals to JSON as a
-// number or null, since JSON has no NaN.
-type Float float64
+// number or null (histo/dist).
+type Float = dist.Float
 
-// Known reports whether f is a number.
-func (f Float) Known() bool { return !math.IsNaN(float64(f)) }
-
-// MarshalJSON writes the number or null.
-func (f Float) MarshalJSON() ([]byte, error) {
-	if math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) {
-		return []byte("null"), nil
-	}
-	return strconv.AppendFloat(nil, float64(f), 'f', -1, 64), nil
-}
-
-// UnmarshalJSON reads a number or null (NaN).
-func (f *Float) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		*f = Float(math.NaN())
-		return nil
-	}
-	v, err := strconv.ParseFloat(string(b), 64)
-	*f = Float(v)
-	return err
-}
+// Dist is a distribution in a snapshot section, with its HDR histogram so
+// that sections merge exactly (histo/dist).
+type Dist = dist.Dist
 
 // Count is a token count that may be unknown (negative, as in proxy.Trace);
 // it marshals to JSON as a number or null.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
@@ -35,7 +36,7 @@ func newRetryMetrics() (*retryMetrics, []prometheus.Collector) {
 			Name: "anvilproxy_client_logical_requests_total",
 			Help: "Distinct logical requests: first attempts, plus retries whose earlier attempts were never seen.",
 		}),
-		gap: prometheus.NewHistogram(histogram("anvilproxy_retry_gap_seconds",
+		gap: prometheus.NewHistogram(dist.PromHistogram("anvilproxy_retry_gap_seconds",
 			"Time from the end of the previous attempt to a retry's start: the client's backoff sleep.",
 			prometheus.ExponentialBucketsRange(0.01, 600, 20))),
 	}
@@ -226,12 +227,8 @@ func gapSummary(gaps []time.Duration, n int64) GapSummary {
 	}
 	sorted := slices.Clone(gaps)
 	slices.Sort(sorted)
-	at := func(q float64) Float { // nearest rank, as the v1 schema
-		i := int(math.Ceil(q*float64(len(sorted)))) - 1
-		return Float(float64(sorted[max(i, 0)]) / float64(time.Millisecond))
-	}
-	g.P50, g.P90 = at(0.5), at(0.9)
-	g.Max = Float(float64(sorted[len(sorted)-1]) / float64(time.Millisecond))
+	g.P50, g.P90 = dist.Millis(dist.NearestRank(sorted, 50)), dist.Millis(dist.NearestRank(sorted, 90))
+	g.Max = dist.Millis(sorted[len(sorted)-1])
 	return g
 }
 
@@ -240,13 +237,11 @@ func gapSummary(gaps []time.Duration, n int64) GapSummary {
 // id among those each window itemized; gap percentiles cannot be merged
 // from summaries, so a merged section keeps only the count and the max.
 func MergeRetry(sections ...*RetrySection) *RetrySection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
+	return dist.MergeSections(sections, mergeRetry)
+}
+
+// mergeRetry combines two or more sections.
+func mergeRetry(in []*RetrySection) *RetrySection {
 	out := &RetrySection{RetriesByPrevOutcome: make(map[string]int64), TopClients: []ClientRetries{}}
 	out.GapMs = GapSummary{P50: Float(math.NaN()), P90: Float(math.NaN()), Max: Float(math.NaN())}
 	clients := make(map[retry.ClientID]*ClientRetries)

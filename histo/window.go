@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 // Window is what the Recorder measured over one interval: exact HDR
@@ -47,7 +50,7 @@ type Window struct {
 	Conversations *ConversationsSection
 	Ledger        *LedgerSection
 	Concurrency   *ConcurrencySection
-	Quality       *QualitySection
+	Quality       *selfcheck.Section
 	// Cache is the window's prefix-cache figures, engine-reported and
 	// inferred side by side; Slots the engine's slot count as the
 	// occupancy split used it when the window ended. Nil for Cumulative.
@@ -85,12 +88,7 @@ type window struct {
 	dropped int64
 	tally   tally
 	sources [len(sources)]int64
-	retry   retryTally
-	prefix  prefixTally
-	ledger  ledgerTally
-	knee    kneeTally
-	conv    convTally
-	cache   cacheTally
+	tallies // per concern, fed by Recorder.add
 }
 
 // newWindow returns the window starting at start, the gen-th since New,
@@ -99,9 +97,9 @@ type window struct {
 func newWindow(start time.Time, gen uint64) *window {
 	w := &window{start: start}
 	w.conv.gen = gen
-	w.conv.gaps.h, w.conv.engineTurn.h = msShape.new(), msShape.new()
+	w.conv.gaps, w.conv.engineTurn = dist.NewRec(dist.Ms), dist.NewRec(dist.Ms)
 	for p := range w.ledger.share {
-		w.ledger.share[p].h = shareShape.new()
+		w.ledger.share[p] = dist.NewRec(dist.Share)
 	}
 	return w
 }
@@ -170,22 +168,7 @@ func (r *Recorder) Rotate() *Window {
 
 	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.swap(fresh[MetricInterEvent])
 	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.swap(fresh[MetricOverhead])
-	out.Start = old.start
-	out.stampHist()
-	out.Requests = flatten(old.chunks, old.n)
-	out.Dropped = old.dropped
-	out.Goodput = old.tally.goodput(r.cfg.SLOs)
-	out.QueueSources = old.queueSources()
-	out.Retry = old.retry.section()
-	out.Prefix = old.prefix.section()
-	out.Conversations = old.conv.section()
-	out.Ledger = old.ledger.section()
-	out.Concurrency = old.knee.section()
-	out.Cache = old.cache.section()
-	slots := r.Slots()
-	out.Slots = &slots
-	quality := r.self.rotate()
-	out.Quality = r.self.section(&quality)
+	r.fill(out, old, r.self.Rotate())
 	return out
 }
 
@@ -199,13 +182,8 @@ func (r *Recorder) Current() *Window {
 	r.mu.Lock()
 	cur := *r.cur
 	cur.chunks = slices.Clone(cur.chunks)
-	cur.retry = r.cur.retry.clone()
-	cur.prefix = r.cur.prefix.clone()
-	cur.ledger = r.cur.ledger.clone()
-	cur.knee = r.cur.knee.clone()
-	cur.conv = r.cur.conv.clone()
+	cur.tallies = r.cur.tallies.clone()
 	cur.conv.sealed = r.convs.seal(cur.conv.gen)
-	cache := cur.cache.section()
 	for m := range numRequestMetrics {
 		out.Hist[m], out.Clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
 	}
@@ -213,23 +191,24 @@ func (r *Recorder) Current() *Window {
 
 	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.cloneWindow()
 	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.cloneWindow()
-	out.Start = cur.start
+	r.fill(out, &cur, r.self.Current())
+	return out
+}
+
+// fill completes out, whose histograms are set, from w: a window that no
+// longer changes (swapped out by Rotate, or Current's copy), read without
+// the Recorder's lock.
+func (r *Recorder) fill(out *Window, w *window, quality *selfcheck.Section) {
+	out.Start = w.start
 	out.stampHist()
-	out.Requests = flatten(cur.chunks, cur.n)
-	out.Dropped = cur.dropped
-	out.Goodput = cur.tally.goodput(r.cfg.SLOs)
-	out.QueueSources = cur.queueSources()
-	out.Retry = cur.retry.section()
-	out.Prefix = cur.prefix.section()
-	out.Conversations = cur.conv.section()
-	out.Ledger = cur.ledger.section()
-	out.Concurrency = cur.knee.section()
-	out.Cache = cache
+	out.Requests = flatten(w.chunks, w.n)
+	out.Dropped = w.dropped
+	out.Goodput = w.tally.goodput(r.cfg.SLOs)
+	out.QueueSources = w.queueSources()
+	w.tallies.put(out)
 	slots := r.Slots()
 	out.Slots = &slots
-	quality := r.self.current()
-	out.Quality = r.self.section(&quality)
-	return out
+	out.Quality = quality
 }
 
 // Cumulative returns the histograms, clamp counts and goodput since New,

@@ -6,6 +6,8 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 func TestRotate(t *testing.T) {
@@ -110,4 +112,20 @@ func TestMetricUnits(t *testing.T) {
 		require.False(t, seen[m.String()], m.String())
 		seen[m.String()] = true
 	}
+}
+
+// TestRecorderWindowQuality: every window carries the probe's verdict; a
+// Recorder whose probe never ran says so. The thresholds are out of reach,
+// so that a loaded host cannot make the verdict noisy.
+func TestRecorderWindowQuality(t *testing.T) {
+	r, _, _ := newTest(t, Config{SelfCheck: selfcheck.Config{
+		Period: time.Millisecond, MaxOvershoot: time.Hour, MaxPressure: 1, PressureDir: t.TempDir()}})
+	require.Equal(t, selfcheck.VerdictUnknown, r.Current().Quality.Verdict)
+	r.SelfCheck().Start()
+	require.Eventually(t, func() bool { return r.Current().Quality.Verdict == selfcheck.VerdictGood },
+		10*time.Second, time.Millisecond)
+	r.SelfCheck().Stop()
+	require.Equal(t, selfcheck.VerdictGood, r.Rotate().Quality.Verdict)
+	require.Equal(t, selfcheck.VerdictUnknown, r.Rotate().Quality.Verdict)
+	require.Nil(t, r.Cumulative().Quality)
 }

@@ -84,9 +84,9 @@ func TestLiveTable(t *testing.T) {
 	s.Failed, s.Abandoned, s.Refused, s.Recent.Truncated = 0, 0, 0, true
 	require.Contains(t, s.block("x")[0], "12 requests, 0 failed, 2 retries")
 	require.Contains(t, s.block("x")[1], "newest 512")
-	require.Equal(t, 2.0, nearestRank([]float64{3, 1, 2, 4}, 0.5))
-	require.Equal(t, 4.0, nearestRank([]float64{3, 1, 2, 4}, 0.99))
-	require.True(t, math.IsNaN(nearestRank(nil, 0.5)))
+	require.Equal(t, 2.0, nearestRank([]float64{3, 1, 2, 4}, 50))
+	require.Equal(t, 4.0, nearestRank([]float64{3, 1, 2, 4}, 99))
+	require.True(t, math.IsNaN(nearestRank(nil, 50)))
 }
 
 // TestDashboardInBrowser loads the dashboard in headless Chromium against

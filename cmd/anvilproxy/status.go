@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 )
 
 // liveStatus is the figures of the live table, as the demo prints them and
@@ -128,7 +130,7 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 		r.Rate = histo.Float(float64(r.Requests) / span.Seconds())
 	}
 	for i, v := range vals {
-		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i], P50: histo.Float(nearestRank(v, 0.5)), P99: histo.Float(nearestRank(v, 0.99))})
+		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i], P50: histo.Float(nearestRank(v, 50)), P99: histo.Float(nearestRank(v, 99))})
 	}
 	r.CacheHit = histo.Float(math.NaN())
 	if prompt > 0 {
@@ -147,14 +149,14 @@ func inferenceRoute(route string) bool {
 	return false
 }
 
-// nearestRank is the q quantile of v by nearest rank, as the v1 schema;
-// NaN without values. It sorts v.
-func nearestRank(v []float64, q float64) float64 {
+// nearestRank is the p-th percentile of v by nearest rank (dist.Rank, as
+// the v1 schema); NaN without values. It sorts v.
+func nearestRank(v []float64, p int64) float64 {
 	if len(v) == 0 {
 		return math.NaN()
 	}
 	slices.Sort(v)
-	return v[max(0, int(math.Ceil(q*float64(len(v))))-1)]
+	return dist.NearestRank(v, p)
 }
 
 // statusHandler serves the stack's liveStatus as JSON.

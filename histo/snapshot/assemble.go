@@ -13,6 +13,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 // part is one input of assemble: a window the proxy measured, or a document
@@ -55,7 +56,7 @@ type part struct {
 	conversations *histo.ConversationsSection
 	ledger        *histo.LedgerSection
 	concurrency   *histo.ConcurrencySection
-	quality       *histo.QualitySection
+	quality       *selfcheck.Section
 	cache         *histo.CacheSection // nil: unknown (a benchmark file, an older proxy)
 	slots         *histo.SlotsSection // nil: unknown
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 // The report's lines beyond the engine's phases: where a conversation's
@@ -29,7 +30,7 @@ func writeBeyond(b *strings.Builder, ext *Extension) error {
 	if err != nil {
 		return err
 	}
-	quality, err := section[histo.QualitySection](ext.MeasurementQuality, "measurement_quality")
+	quality, err := section[selfcheck.Section](ext.MeasurementQuality, "measurement_quality")
 	if err != nil {
 		return err
 	}
@@ -145,7 +146,7 @@ func kneeLine(s *histo.ConcurrencySection) string {
 	return reading + " (knee: the " + s.KneeRule + ")"
 }
 
-func writeQuality(b *strings.Builder, q *histo.QualitySection) {
+func writeQuality(b *strings.Builder, q *selfcheck.Section) {
 	o := q.TimerOvershootMs
 	detail := fmt.Sprintf("timer overshoot p50 %s ms, p99 %s ms, max %s ms", num(Num(o.P50)), num(Num(o.P99)), num(Num(o.Max)))
 	if q.Pressure.CPU.Known() {
@@ -153,9 +154,9 @@ func writeQuality(b *strings.Builder, q *histo.QualitySection) {
 			percent(Num(q.Pressure.CPU)), percent(Num(q.Pressure.Memory)), percent(Num(q.Pressure.IO)))
 	}
 	switch q.Verdict {
-	case histo.VerdictNoisy:
+	case selfcheck.VerdictNoisy:
 		fmt.Fprintf(b, "measurement  noisy: %s (%s)\n", strings.Join(groupReasons(q.Reasons), "; "), detail)
-	case histo.VerdictGood:
+	case selfcheck.VerdictGood:
 		fmt.Fprintf(b, "measurement  good (%s)\n", detail)
 	default:
 		fmt.Fprintf(b, "measurement  unknown: %s\n", strings.Join(q.Reasons, "; "))

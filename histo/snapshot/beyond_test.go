@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
@@ -85,9 +86,9 @@ func TestSectionsInSnapshot(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, string(jw), string(jm), "each conversation by its latest record")
 
-	q, err := section[histo.QualitySection](merged.Anvilproxy.MeasurementQuality, "measurement_quality")
+	q, err := section[selfcheck.Section](merged.Anvilproxy.MeasurementQuality, "measurement_quality")
 	require.NoError(t, err)
-	require.Equal(t, histo.VerdictUnknown, q.Verdict, "the probe was not started")
+	require.Equal(t, selfcheck.VerdictUnknown, q.Verdict, "the probe was not started")
 }
 
 // TestMergeBenchmarkKeepsSectionsNull: a benchmark file has none of the
@@ -110,11 +111,11 @@ func TestMergeBenchmarkKeepsSectionsNull(t *testing.T) {
 // window of the agent workload, and a noisy host.
 func TestReportBeyondGolden(t *testing.T) {
 	doc := agentWindows(t, 30)[0]
-	q := histo.QualitySection{
-		Verdict: histo.VerdictNoisy, Reasons: []string{"timer overshoot p99 12 ms > 5 ms", "cpu pressure 35% > 10%"},
+	q := selfcheck.Section{
+		Verdict: selfcheck.VerdictNoisy, Reasons: []string{"timer overshoot p99 12 ms > 5 ms", "cpu pressure 35% > 10%"},
 		TimerOvershootMs: histo.Dist{Count: 240, P50: 0.4, P90: 3, P95: 6, P99: 12.1, Max: 40},
-		ProbePeriodMs:    250, Pressure: histo.PSI{CPU: 0.35, IO: 0.01, Memory: 0},
-		Thresholds: histo.Quality{OvershootP99Ms: 5, Pressure: 0.1},
+		ProbePeriodMs:    250, Pressure: selfcheck.PSI{CPU: 0.35, IO: 0.01, Memory: 0},
+		Thresholds: selfcheck.Thresholds{OvershootP99Ms: 5, Pressure: 0.1},
 	}
 	raw, err := json.Marshal(q)
 	require.NoError(t, err)

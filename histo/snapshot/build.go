@@ -126,36 +126,22 @@ func ms(s histo.Span) Num { return Num(s.Millis()) }
 
 func timingOf(rq *histo.Request) Timing {
 	t := unknownTiming()
+	putPhases(&t, rq) // the phase table's fields
 	t.CacheInferredTokens = rq.CacheInferredTokens
 	t.CachedTokens = rq.CachedTokens
-	t.ConnectMs = ms(rq.Connect)
 	t.ContentChunks = histo.Count(rq.ContentChunks)
-	t.DecodeTokS = Num(rq.DecodeRate)
-	t.E2EMs = ms(rq.E2E)
-	t.EffectivePrefillTokS = Num(rq.PrefillRate)
-	t.GenerationMs = ms(rq.Generation)
-	t.MeanInterTokenLatencyMs = ms(rq.TPOT)
-	t.MeanTimePerOutputTokenMs = ms(rq.TPOT)
 	t.Model = str(rq.Model)
 	t.OutputTokenSource = str(rq.OutputTokenSource)
-	t.OutputTokens = rq.OutputTokens
-	t.PrefillMs = ms(rq.Prefill)
 	t.PrefixReuse = Num(rq.PrefixReuse)
-	t.PromptTokens = rq.PromptTokens
 	t.ProxyQueueMs = ms(rq.ProxyQueue)
-	t.QueueMs = ms(rq.Queue)
 	t.QueueSource = str(string(rq.QueueSource))
 	t.ReasoningChunks = histo.Count(rq.ReasoningChunks)
-	t.ReasoningMs = ms(rq.Reasoning)
 	t.ReasoningTokens = rq.ReasoningTokens
 	t.RequestIndex = int64(rq.Index)
 	t.RetryAttempt = rq.RetryAttempt
 	t.Route = str(rq.Route)
 	t.StartedAtUnixNs = histo.Count(rq.Start.UnixNano())
 	t.Status = histo.Count(rq.Status)
-	t.TimeToFirstOutputMs = ms(rq.TTFO)
-	t.TpotMs = ms(rq.TPOT)
-	t.TtftMs = ms(rq.TTFT)
 	if rq.E2E.Known() && rq.TTFT.Known() {
 		t.VisibleGenerationMs = ms(rq.E2E - rq.TTFT)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 // Extension is a v1 document's "anvilproxy" object: what the proxy measures
@@ -55,7 +56,7 @@ type Extension struct {
 	// upstream at once, as seen at admission (the benchmark's "concurrency"
 	// is a setting the proxy does not have).
 	MaxInflightObserved histo.Count `json:"max_inflight_observed"`
-	// MeasurementQuality is histo.QualitySection: whether the host let the
+	// MeasurementQuality is selfcheck.Section: whether the host let the
 	// proxy take its stamps on time ("good" or "noisy", with reasons).
 	MeasurementQuality json.RawMessage `json:"measurement_quality"`
 	// Models counts requests (failed included) per model label.
@@ -137,19 +138,6 @@ type Stats struct {
 	Stddev   Num   `json:"stddev"`
 }
 
-// phases are the extension's distributions, keyed as in the document.
-var phases = [...]struct {
-	key    string
-	metric histo.Metric
-}{
-	{"queue_ms", histo.MetricQueue},
-	{"prefill_ms", histo.MetricPrefill},
-	{"reasoning_ms", histo.MetricReasoning},
-	{"connect_ms", histo.MetricConnect},
-	{"inter_event_ms", histo.MetricInterEvent},
-	{"proxy_overhead_ms", histo.MetricOverhead},
-}
-
 // extension is the anvilproxy object.
 func (pop *population) extension(doc *Document) (*Extension, error) {
 	ext := &Extension{
@@ -208,13 +196,13 @@ func (pop *population) sections(ext *Extension) error {
 	n := len(pop.parts)
 	retries, prefixes := make([]*histo.RetrySection, n), make([]*histo.PrefixSection, n)
 	convs, ledgers := make([]*histo.ConversationsSection, n), make([]*histo.LedgerSection, n)
-	levels, quality := make([]*histo.ConcurrencySection, n), make([]*histo.QualitySection, n)
+	levels, quality := make([]*histo.ConcurrencySection, n), make([]*selfcheck.Section, n)
 	for i, p := range pop.parts {
 		retries[i], prefixes[i] = p.retry, p.prefix
 		convs[i], ledgers[i], levels[i], quality[i] = p.conversations, p.ledger, p.concurrency, p.quality
 	}
-	q := histo.MergeQuality(quality...)
-	if q != nil && q.Verdict == histo.VerdictNoisy {
+	q := selfcheck.Merge(quality...)
+	if q != nil && q.Verdict == selfcheck.VerdictNoisy {
 		ext.Notes = append(ext.Notes, "the host was noisy in at least one window (measurement_quality): the proxy's stamps may include its scheduling delays")
 	}
 	var errs [8]error

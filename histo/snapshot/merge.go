@@ -9,6 +9,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
 // Merge combines v1 documents (the proxy's windows or replicas, benchmark
@@ -103,7 +104,7 @@ func (p *part) sections(ext *Extension) error {
 	p.conversations, errs[2] = section[histo.ConversationsSection](ext.Conversations, "conversations")
 	p.ledger, errs[3] = section[histo.LedgerSection](ext.PromptLedger, "prompt_ledger")
 	p.concurrency, errs[4] = section[histo.ConcurrencySection](ext.Concurrency, "concurrency")
-	p.quality, errs[5] = section[histo.QualitySection](ext.MeasurementQuality, "measurement_quality")
+	p.quality, errs[5] = section[selfcheck.Section](ext.MeasurementQuality, "measurement_quality")
 	return errors.Join(errs[:]...)
 }
 

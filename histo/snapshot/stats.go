@@ -7,6 +7,8 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 )
 
 // percentiles are the v1 schema's, in percent.
@@ -21,11 +23,6 @@ func unknownStats() Stats {
 	return Stats{CI95High: nan, CI95Low: nan, Max: nan, Mean: nan, Min: nan,
 		P25: nan, P50: nan, P75: nan, P90: nan, P95: nan, P99: nan, Stddev: nan}
 }
-
-// rank is the 1-based nearest rank of percentile p among n sorted values,
-// ceil(p/100·n), in integers: 0.95·20 is 19.000000000000004 in floating
-// point and would round up to the wrong rank.
-func rank(p, n int64) int64 { return max(1, (p*n+99)/100) }
 
 // exactStats summarizes values. values is sorted in place.
 func exactStats(values []float64) Stats {
@@ -44,7 +41,7 @@ func exactStats(values []float64) Stats {
 	s.Mean, s.Min, s.Max = Num(mean), Num(values[0]), Num(values[n-1])
 	ps := s.percentiles()
 	for i, p := range percentiles {
-		*ps[i] = Num(values[rank(p, int64(n))-1])
+		*ps[i] = Num(dist.NearestRank(values, p))
 	}
 	if n > 1 {
 		var ss float64
@@ -85,7 +82,7 @@ func hdrStats(h *hdrhistogram.Histogram, m histo.Metric) Stats {
 	for i, p := range percentiles {
 		// ValueAtPercentile takes rank int(q/100·n + 0.5); asking for rank
 		// r − 0.25 gets exactly the nearest rank r.
-		q := 100 * (float64(rank(p, n)) - 0.25) / float64(n)
+		q := 100 * (float64(dist.Rank(p, n)) - 0.25) / float64(n)
 		*ps[i] = Num(m.Float(h.ValueAtPercentile(q)))
 	}
 	if n > 1 {

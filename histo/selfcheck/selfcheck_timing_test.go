@@ -1,6 +1,6 @@
 //go:build unix
 
-package histo
+package selfcheck
 
 import (
 	"os"
@@ -14,7 +14,7 @@ import (
 // against 10 s without. It takes 20 s, so it runs only with
 // ANVILPROXY_PROBE_COST=1:
 //
-//	ANVILPROXY_PROBE_COST=1 go test -run TestSelfCheckCost -v ./histo/
+//	ANVILPROXY_PROBE_COST=1 go test -run TestSelfCheckCost -v ./histo/selfcheck/
 //
 // The target is under 0.1% of one core.
 func TestSelfCheckCost(t *testing.T) {
@@ -35,7 +35,7 @@ func TestSelfCheckCost(t *testing.T) {
 		return time.Duration(float64(cpu()-before) * float64(span) / float64(time.Since(start)))
 	}
 	idle := measure(func() { time.Sleep(span) })
-	s, _ := newSelfCheck(SelfCheckConfig{Period: DefaultProbePeriod, PressureDir: DefaultPressureDir})
+	s, _ := New(Config{Period: DefaultProbePeriod, PressureDir: DefaultPressureDir})
 	probe := measure(func() {
 		s.Start()
 		time.Sleep(span)

@@ -1,4 +1,4 @@
-package histo
+package selfcheck
 
 import (
 	"os"
@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 )
 
 // newProbe returns a probe (not started) reading PSI files from a
 // directory the test writes: cpu, io, memory "some avg10" percentages.
-func newProbe(t *testing.T, cfg SelfCheckConfig, cpu, io, memory string) *SelfCheck {
+func newProbe(t *testing.T, cfg Config, cpu, io, memory string) *Probe {
 	t.Helper()
 	dir := t.TempDir()
 	for name, v := range map[string]string{"cpu": cpu, "io": io, "memory": memory} {
@@ -25,8 +27,8 @@ func newProbe(t *testing.T, cfg SelfCheckConfig, cpu, io, memory string) *SelfCh
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644))
 	}
 	cfg.PressureDir = dir
-	require.NoError(t, cfg.setDefaults())
-	s, _ := newSelfCheck(cfg)
+	require.NoError(t, cfg.SetDefaults())
+	s, _ := New(cfg)
 	return s
 }
 
@@ -37,7 +39,7 @@ func TestQualityVerdict(t *testing.T) {
 		cpu, mem   string
 		verdict    string
 		reasons    []string
-		cpuPresure Float
+		cpuPresure dist.Float
 	}{
 		{"quiet host", repeat(100, 200*time.Microsecond), "1.50", "0.00", VerdictGood, []string{}, 0.015},
 		{"late ticks", append(repeat(95, time.Millisecond), repeat(5, 12*time.Millisecond)...), "1.50", "0.00", VerdictNoisy,
@@ -45,11 +47,11 @@ func TestQualityVerdict(t *testing.T) {
 		{"cpu pressure", repeat(100, time.Millisecond), "35.00", "0.00", VerdictNoisy, []string{"cpu pressure 35% > 10%"}, 0.35},
 		{"both, and memory", repeat(100, 20*time.Millisecond), "12.50", "40.00", VerdictNoisy,
 			[]string{"timer overshoot p99 20.1 ms > 5 ms", "cpu pressure 12.5% > 10%", "memory pressure 40% > 10%"}, 0.125},
-		{"no PSI", repeat(100, time.Millisecond), "", "", VerdictGood, []string{}, nan},
+		{"no PSI", repeat(100, time.Millisecond), "", "", VerdictGood, []string{}, dist.NaN},
 		{"probe not running", nil, "1.00", "0.00", VerdictUnknown, []string{"the self-check probe did not run in this window"}, 0.01},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := newProbe(t, SelfCheckConfig{}, c.cpu, "0.00", c.mem)
+			s := newProbe(t, Config{}, c.cpu, "0.00", c.mem)
 			for _, d := range c.late {
 				s.observe(d)
 			}
@@ -64,8 +66,8 @@ func TestQualityVerdict(t *testing.T) {
 				require.False(t, q.Pressure.CPU.Known())
 			}
 			require.Equal(t, int64(len(c.late)), q.TimerOvershootMs.Count)
-			require.Equal(t, Float(250), q.ProbePeriodMs)
-			require.Equal(t, Quality{OvershootP99Ms: 5, Pressure: 0.1}, q.Thresholds)
+			require.Equal(t, dist.Float(250), q.ProbePeriodMs)
+			require.Equal(t, Thresholds{OvershootP99Ms: 5, Pressure: 0.1}, q.Thresholds)
 			again := s.rotate()
 			require.Zero(t, s.section(&again).TimerOvershootMs.Count, "a window's samples are its own")
 		})
@@ -83,7 +85,7 @@ func repeat(n int, d time.Duration) []time.Duration {
 // TestProbeUnderCPUHog: busy goroutines on every core (twice over) keep
 // the probe's goroutine from running on time, and the window turns noisy.
 func TestProbeUnderCPUHog(t *testing.T) {
-	s := newProbe(t, SelfCheckConfig{Period: 5 * time.Millisecond}, "", "", "")
+	s := newProbe(t, Config{Period: 5 * time.Millisecond}, "", "", "")
 	s.Start()
 	defer s.Stop()
 	var stop atomic.Bool
@@ -114,60 +116,48 @@ func TestProbeUnderCPUHog(t *testing.T) {
 }
 
 func TestProbeStartStop(t *testing.T) {
-	s := newProbe(t, SelfCheckConfig{Period: time.Millisecond}, "2.00", "", "")
+	s := newProbe(t, Config{Period: time.Millisecond}, "2.00", "", "")
 	s.Stop() // not started: nothing
 	s.Start()
 	s.Start() // running: nothing
 	require.Eventually(t, func() bool {
 		c := s.current()
-		return c.over.h != nil && c.over.h.TotalCount() >= 5
+		return c.over.Count() >= 5
 	}, 5*time.Second, time.Millisecond)
 	s.Stop()
 	s.Stop()
 	win := s.rotate()
-	n := win.over.h.TotalCount()
+	n := win.over.Count()
 	require.InDelta(t, 0.02, win.pressure[resourceCPU], 1e-12, "read when the probe starts")
 	time.Sleep(5 * time.Millisecond)
-	require.Nil(t, s.current().over.h, "stopped: no more samples")
+	after := s.current()
+	require.True(t, after.over.Empty(), "stopped: no more samples")
 	s.Start() // again
 	s.Stop()
 	require.Greater(t, n, int64(4))
 }
 
-// TestRecorderWindowQuality: every window carries the probe's verdict; a
-// Recorder whose probe never ran says so.
-func TestRecorderWindowQuality(t *testing.T) {
-	r, _, _ := newTest(t, Config{})
-	w := r.Current()
-	require.Equal(t, VerdictUnknown, w.Quality.Verdict)
-	r.SelfCheck().observe(time.Millisecond)
-	require.Equal(t, VerdictGood, r.Current().Quality.Verdict)
-	require.Equal(t, VerdictGood, r.Rotate().Quality.Verdict)
-	require.Equal(t, VerdictUnknown, r.Rotate().Quality.Verdict)
-	require.Nil(t, r.Cumulative().Quality)
-}
-
 func TestMergeQuality(t *testing.T) {
-	good := newProbe(t, SelfCheckConfig{}, "1.00", "", "")
+	good := newProbe(t, Config{}, "1.00", "", "")
 	good.observe(time.Millisecond)
 	good.readPressures()
-	noisy := newProbe(t, SelfCheckConfig{}, "30.00", "", "")
+	noisy := newProbe(t, Config{}, "30.00", "", "")
 	noisy.observe(2 * time.Millisecond)
 	noisy.readPressures()
 	g, n := good.rotate(), noisy.rotate()
 	a, b := good.section(&g), noisy.section(&n)
-	m := MergeQuality(a, nil, b)
+	m := Merge(a, nil, b)
 	require.Equal(t, VerdictNoisy, m.Verdict)
 	require.Equal(t, []string{"cpu pressure 30% > 10%"}, m.Reasons)
 	require.Equal(t, int64(2), m.TimerOvershootMs.Count)
 	require.InEpsilon(t, 2, float64(m.TimerOvershootMs.Max), 0.01)
 	require.InDelta(t, 0.3, float64(m.Pressure.CPU), 1e-12)
-	require.Equal(t, VerdictGood, MergeQuality(a, a).Verdict)
+	require.Equal(t, VerdictGood, Merge(a, a).Verdict)
 	u := good.rotate()
 	unknown := good.section(&u)
-	require.Equal(t, VerdictGood, MergeQuality(unknown, a).Verdict)
-	require.Equal(t, VerdictUnknown, MergeQuality(unknown, unknown).Verdict)
-	require.Len(t, MergeQuality(unknown, unknown).Reasons, 1)
+	require.Equal(t, VerdictGood, Merge(unknown, a).Verdict)
+	require.Equal(t, VerdictUnknown, Merge(unknown, unknown).Verdict)
+	require.Len(t, Merge(unknown, unknown).Reasons, 1)
 }
 
 func TestReadPressure(t *testing.T) {

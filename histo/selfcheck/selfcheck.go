@@ -1,7 +1,11 @@
-package histo
+// Package selfcheck is the host-noise probe: the measurement-quality
+// self-check that every histo window carries (Probe, Section, Merge). It
+// reads no Trace; histo.Recorder owns one and judges each window with it.
+package selfcheck
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -13,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 )
 
 // The measurement-quality self-check: every timing the proxy takes is only
@@ -23,7 +29,7 @@ import (
 // the last 10 s in which some task waited for a CPU, for I/O or for
 // memory. Each window is judged good or noisy from them.
 
-// Defaults of SelfCheckConfig.
+// Defaults of Config.
 const (
 	DefaultProbePeriod  = 250 * time.Millisecond
 	DefaultMaxOvershoot = 5 * time.Millisecond
@@ -38,8 +44,8 @@ const (
 	VerdictUnknown = "unknown" // the probe did not run in the window
 )
 
-// SelfCheckConfig configures the probe. The zero value is the default.
-type SelfCheckConfig struct {
+// Config configures the probe. The zero value is the default.
+type Config struct {
 	// Period is the probe's tick. 0 means 250 ms: 240 samples a minute,
 	// at about 0.05% of one core where a wake-up costs 130 µs (a
 	// Firecracker VM; see TestSelfCheckCost); 100 ms cost 0.14% there.
@@ -57,22 +63,16 @@ type SelfCheckConfig struct {
 	PressureDir string
 }
 
-func (c *SelfCheckConfig) setDefaults() error {
+// SetDefaults validates c and fills in the defaults of its zero fields.
+func (c *Config) SetDefaults() error {
 	if c.Period < 0 || c.MaxOvershoot < 0 || c.MaxPressure < 0 || c.MaxPressure > 1 {
 		return errors.New("histo: SelfCheck.Period and MaxOvershoot must not be negative, MaxPressure must be within 0 and 1")
 	}
-	if c.Period == 0 {
-		c.Period = DefaultProbePeriod
-	}
-	if c.MaxOvershoot == 0 {
-		c.MaxOvershoot = DefaultMaxOvershoot
-	}
-	if c.MaxPressure == 0 {
-		c.MaxPressure = DefaultMaxPressure
-	}
-	if c.PressureDir == "" {
-		c.PressureDir = DefaultPressureDir
-	}
+	// cmp.Or: the first non-zero, so a zero field takes its default.
+	c.Period = cmp.Or(c.Period, DefaultProbePeriod)
+	c.MaxOvershoot = cmp.Or(c.MaxOvershoot, DefaultMaxOvershoot)
+	c.MaxPressure = cmp.Or(c.MaxPressure, DefaultMaxPressure)
+	c.PressureDir = cmp.Or(c.PressureDir, DefaultPressureDir)
 	return nil
 }
 
@@ -88,11 +88,11 @@ const (
 
 var resourceNames = [numResources]string{"cpu", "io", "memory"}
 
-// SelfCheck is the probe. Start and Stop it; the Recorder reads its
+// Probe is the self-check. Start and Stop it; histo.Recorder reads its
 // figures with every window. Its methods are safe for concurrent use. At
 // the default period it costs under 0.1% of one core (TestSelfCheckCost).
-type SelfCheck struct {
-	cfg       SelfCheckConfig
+type Probe struct {
+	cfg       Config
 	overshoot prometheus.Histogram
 
 	mu  sync.Mutex
@@ -103,9 +103,9 @@ type SelfCheck struct {
 }
 
 // qualityTally is what the probe saw in one window; guarded by
-// SelfCheck.mu.
+// Probe.mu.
 type qualityTally struct {
-	over     distRec
+	over     dist.Rec
 	pressure [numResources]float64 // peak "some avg10" share; NaN: not read
 }
 
@@ -117,9 +117,11 @@ func freshQuality() qualityTally {
 	return t
 }
 
-func newSelfCheck(cfg SelfCheckConfig) (*SelfCheck, []prometheus.Collector) {
-	s := &SelfCheck{cfg: cfg, win: freshQuality()}
-	s.overshoot = prometheus.NewHistogram(histogram("anvilproxy_self_timer_overshoot_seconds",
+// New returns a stopped probe and its collectors, for the caller to
+// register. cfg must have been through SetDefaults.
+func New(cfg Config) (*Probe, []prometheus.Collector) {
+	s := &Probe{cfg: cfg, win: freshQuality()}
+	s.overshoot = prometheus.NewHistogram(dist.PromHistogram("anvilproxy_self_timer_overshoot_seconds",
 		"How late the proxy's self-check probe handled its timer ticks: the delay the host adds to every stamp the proxy takes.",
 		[]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1}))
 	out := []prometheus.Collector{s.overshoot}
@@ -145,7 +147,7 @@ func newSelfCheck(cfg SelfCheckConfig) (*SelfCheck, []prometheus.Collector) {
 
 // Start starts the probe's goroutine; it runs until Stop. Starting a
 // running probe does nothing.
-func (s *SelfCheck) Start() {
+func (s *Probe) Start() {
 	s.run.Lock()
 	defer s.run.Unlock()
 	if s.stop != nil {
@@ -157,7 +159,7 @@ func (s *SelfCheck) Start() {
 
 // Stop stops the probe and waits for its goroutine to end. Stopping a
 // stopped probe does nothing; it may be started again.
-func (s *SelfCheck) Stop() {
+func (s *Probe) Stop() {
 	s.run.Lock()
 	defer s.run.Unlock()
 	if s.stop == nil {
@@ -168,7 +170,7 @@ func (s *SelfCheck) Stop() {
 	s.stop, s.done = nil, nil
 }
 
-func (s *SelfCheck) loop(stop <-chan struct{}, done chan<- struct{}) {
+func (s *Probe) loop(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
 	tick := time.NewTicker(s.cfg.Period)
 	defer tick.Stop()
@@ -191,15 +193,15 @@ func (s *SelfCheck) loop(stop <-chan struct{}, done chan<- struct{}) {
 	}
 }
 
-func (s *SelfCheck) observe(late time.Duration) {
+func (s *Probe) observe(late time.Duration) {
 	late = max(late, 0)
 	s.overshoot.Observe(late.Seconds())
 	s.mu.Lock()
-	s.win.over.record(msShape, float64(late)/float64(time.Millisecond))
+	s.win.over.Record(dist.Ms, float64(late)/float64(time.Millisecond))
 	s.mu.Unlock()
 }
 
-func (s *SelfCheck) readPressures() {
+func (s *Probe) readPressures() {
 	var v [numResources]float64
 	for r := range numResources {
 		var err error
@@ -243,7 +245,7 @@ func readPressure(path string) (float64, error) {
 }
 
 // rotate returns the window's tally and starts a new one.
-func (s *SelfCheck) rotate() qualityTally {
+func (s *Probe) rotate() qualityTally {
 	fresh := freshQuality()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -252,57 +254,70 @@ func (s *SelfCheck) rotate() qualityTally {
 	return old
 }
 
+// Rotate ends the probe's window, starts a new one and returns the
+// finished window's section.
+func (s *Probe) Rotate() *Section {
+	t := s.rotate()
+	return s.section(&t)
+}
+
+// Current returns the section of the probe's window so far.
+func (s *Probe) Current() *Section {
+	t := s.current()
+	return s.section(&t)
+}
+
 // current returns a copy of the window's tally.
-func (s *SelfCheck) current() qualityTally {
+func (s *Probe) current() qualityTally {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c := s.win
-	c.over = s.win.over.clone()
+	c.over = s.win.over.Clone()
 	return c
 }
 
-// QualitySection is a window's measurement quality: the snapshot's
+// Section is a window's measurement quality: the snapshot's
 // anvilproxy.measurement_quality object.
-type QualitySection struct {
+type Section struct {
 	// Verdict is "good", "noisy" (Reasons say why) or "unknown" (the probe
 	// did not run).
 	Verdict string   `json:"verdict"`
 	Reasons []string `json:"reasons"`
 	// TimerOvershootMs is how late the probe's ticks were handled.
-	TimerOvershootMs Dist    `json:"timer_overshoot_ms"`
-	ProbePeriodMs    Float   `json:"probe_period_ms"`
-	Pressure         PSI     `json:"pressure"`
-	Thresholds       Quality `json:"thresholds"`
+	TimerOvershootMs dist.Dist  `json:"timer_overshoot_ms"`
+	ProbePeriodMs    dist.Float `json:"probe_period_ms"`
+	Pressure         PSI        `json:"pressure"`
+	Thresholds       Thresholds `json:"thresholds"`
 }
 
 // PSI holds the peak Linux pressure ("some avg10") of each resource over
 // the window, as shares; null where the host does not report it.
 type PSI struct {
-	CPU    Float `json:"cpu"`
-	IO     Float `json:"io"`
-	Memory Float `json:"memory"`
+	CPU    dist.Float `json:"cpu"`
+	IO     dist.Float `json:"io"`
+	Memory dist.Float `json:"memory"`
 }
 
-// Quality is the thresholds a verdict was judged against.
-type Quality struct {
-	OvershootP99Ms Float `json:"timer_overshoot_p99_ms"`
-	Pressure       Float `json:"pressure"` // cpu and memory
+// Thresholds are the thresholds a verdict was judged against.
+type Thresholds struct {
+	OvershootP99Ms dist.Float `json:"timer_overshoot_p99_ms"`
+	Pressure       dist.Float `json:"pressure"` // cpu and memory
 }
 
 // section judges the tally against the probe's thresholds.
-func (s *SelfCheck) section(t *qualityTally) *QualitySection {
-	q := &QualitySection{
-		TimerOvershootMs: t.over.dist(msShape),
-		ProbePeriodMs:    msOf(s.cfg.Period),
-		Pressure:         PSI{CPU: Float(t.pressure[resourceCPU]), IO: Float(t.pressure[resourceIO]), Memory: Float(t.pressure[resourceMemory])},
-		Thresholds:       Quality{OvershootP99Ms: msOf(s.cfg.MaxOvershoot), Pressure: Float(s.cfg.MaxPressure)},
+func (s *Probe) section(t *qualityTally) *Section {
+	q := &Section{
+		TimerOvershootMs: t.over.Dist(dist.Ms),
+		ProbePeriodMs:    dist.Millis(s.cfg.Period),
+		Pressure:         PSI{CPU: dist.Float(t.pressure[resourceCPU]), IO: dist.Float(t.pressure[resourceIO]), Memory: dist.Float(t.pressure[resourceMemory])},
+		Thresholds:       Thresholds{OvershootP99Ms: dist.Millis(s.cfg.MaxOvershoot), Pressure: dist.Float(s.cfg.MaxPressure)},
 	}
 	q.judge()
 	return q
 }
 
 // judge sets the verdict and its reasons from the figures and thresholds.
-func (q *QualitySection) judge() {
+func (q *Section) judge() {
 	q.Reasons = []string{}
 	if q.TimerOvershootMs.Count == 0 {
 		q.Verdict = VerdictUnknown
@@ -314,7 +329,7 @@ func (q *QualitySection) judge() {
 	}
 	for _, r := range []struct {
 		name string
-		v    Float
+		v    dist.Float
 	}{{"cpu", q.Pressure.CPU}, {"memory", q.Pressure.Memory}} {
 		if r.v.Known() && r.v > q.Thresholds.Pressure {
 			q.Reasons = append(q.Reasons, fmt.Sprintf("%s pressure %s%% > %s%%", r.name, short(100*float64(r.v)), short(100*float64(q.Thresholds.Pressure))))
@@ -333,22 +348,20 @@ func short(v float64) string { return strconv.FormatFloat(v, 'g', 3, 64) }
 // maxReasons bounds a merged section's reasons.
 const maxReasons = 10
 
-// MergeQuality combines the measurement-quality sections of several
+// Merge combines the measurement-quality sections of several
 // windows (nil ones are skipped; nil when all are). The merged span is
 // noisy when any window was, with their reasons; the overshoot
 // distributions merge exactly and pressures keep their peak.
-func MergeQuality(sections ...*QualitySection) *QualitySection {
-	in := present(sections)
-	switch len(in) {
-	case 0:
-		return nil
-	case 1:
-		return in[0]
-	}
-	out := &QualitySection{Verdict: VerdictUnknown, Reasons: []string{}, ProbePeriodMs: in[0].ProbePeriodMs, Thresholds: in[0].Thresholds,
-		Pressure: PSI{CPU: nan, IO: nan, Memory: nan}}
-	var overs []Dist
-	peak := func(dst *Float, v Float) {
+func Merge(sections ...*Section) *Section {
+	return dist.MergeSections(sections, merge)
+}
+
+// merge combines two or more sections.
+func merge(in []*Section) *Section {
+	out := &Section{Verdict: VerdictUnknown, Reasons: []string{}, ProbePeriodMs: in[0].ProbePeriodMs, Thresholds: in[0].Thresholds,
+		Pressure: PSI{CPU: dist.NaN, IO: dist.NaN, Memory: dist.NaN}}
+	var overs []dist.Dist
+	peak := func(dst *dist.Float, v dist.Float) {
 		if v.Known() && (!dst.Known() || v > *dst) {
 			*dst = v
 		}
@@ -373,6 +386,6 @@ func MergeQuality(sections ...*QualitySection) *QualitySection {
 	if out.Verdict == VerdictUnknown {
 		out.Reasons = append(out.Reasons, in[0].Reasons...)
 	}
-	out.TimerOvershootMs = mergeDists(msShape, overs...)
+	out.TimerOvershootMs = dist.Merge(dist.Ms, overs...)
 	return out
 }
