@@ -10,7 +10,7 @@ import (
 )
 
 // TestObserveAllocs holds the per-event calls to zero allocations: they
-// run for every relayed chunk and every output event (house style rule 8).
+// run for every relayed chunk and every output event (docs/design.md "Rules the code keeps").
 func TestObserveAllocs(t *testing.T) {
 	r, _, _ := newTest(t, Config{})
 	d := 3 * time.Millisecond

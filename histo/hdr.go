@@ -71,7 +71,7 @@ var unitMax = [...]int64{
 }
 
 // sigFigs: 3 significant digits bound the quantile error to 0.1% at about
-// 190 KB per dense histogram (performance-anchors §3.1).
+// 190 KB per dense histogram (docs/design.md "Performance design").
 const sigFigs = 3
 
 // String returns the metric's name: the v1 schema's stem where it has one
@@ -101,7 +101,7 @@ func (m Metric) Float(v int64) float64 {
 }
 
 // NewHistogram returns an empty HDR histogram with the range and precision
-// the Recorder uses for m, for merging windows (issue 4's report).
+// the Recorder uses for m, for merging windows (docs/design.md "Snapshots", merging).
 func NewHistogram(m Metric) *hdrhistogram.Histogram {
 	return hdrhistogram.New(1, unitMax[m.Unit()], sigFigs)
 }
@@ -136,7 +136,7 @@ func newPair(m Metric, counter prometheus.Counter) pair {
 
 // record adds v to both histograms. A value outside [0, max] is clamped to
 // the nearest end and counted: hdrhistogram-go returns an error for it and
-// dropping it silently would bias every quantile (house style rule 11).
+// dropping it silently would bias every quantile (docs/design.md "Rules the code keeps": never drop silently).
 func (p *pair) record(v int64) {
 	if hi := unitMax[p.m.Unit()]; v < 0 || v > hi {
 		v = min(max(v, 0), hi)

@@ -13,7 +13,7 @@ import (
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
 
-// driftMetrics are the prompt-prefix exports of DESIGN.md §5, counted from
+// driftMetrics are the prompt-prefix exports of docs/design.md "Prefix drift", counted from
 // each inference Trace's prefix.Result.
 type driftMetrics struct {
 	reuse     prometheus.Histogram

@@ -157,8 +157,8 @@ type Request struct {
 	ReqBytes        int64 `json:"request_bytes"`
 	RespBytes       int64 `json:"response_bytes"`
 
-	// PrefixReuse (reusable prompt-prefix bytes / prompt bytes, DESIGN.md
-	// §5) and RetryAttempt (0 for a first attempt, DESIGN.md §6) are null
+	// PrefixReuse (reusable prompt-prefix bytes / prompt bytes, docs/design.md
+	// "Prefix drift") and RetryAttempt (0 for a first attempt, docs/design.md "Retries") are null
 	// until prefix and retry tracking fill them; v1 snapshots carry them
 	// per request.
 	PrefixReuse  Float `json:"prefix_reuse"`

@@ -13,7 +13,7 @@ import (
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 )
 
-// retryMetrics are the client retry exports of DESIGN.md §6, counted from
+// retryMetrics are the client retry exports of docs/design.md "Retries", counted from
 // each inference Trace's retry.Result. The rolling amplification gauge
 // reads the tracker itself (Config.RetryStats): it counts a logical
 // request in the window of its latest attempt, which a per-trace count

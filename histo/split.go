@@ -9,7 +9,7 @@ import (
 )
 
 // QueueSource says where a request's queue/prefill split came from
-// (DESIGN.md §3 "Queue vs prefill"), best first.
+// (docs/design.md "Queue vs prefill"), best first.
 type QueueSource string
 
 // Queue sources.

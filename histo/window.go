@@ -41,7 +41,7 @@ type Window struct {
 	// each source, dropped records included.
 	QueueSources map[QueueSource]int64
 
-	// Retry is the window's client retry figures (DESIGN.md §6) and Prefix
+	// Retry is the window's client retry figures (docs/design.md "Retries") and Prefix
 	// its prompt-prefix figures (§5); Conversations its agent-side time,
 	// Ledger its prompt composition, Concurrency its requests by engine
 	// load and Quality its measurement quality. All nil for Cumulative.

@@ -13,7 +13,7 @@ import (
 )
 
 // TestRequestFramingRejected: smuggling shapes get 400 and nothing reaches
-// the upstream (reliability-anchors §1.3).
+// the upstream (docs/design.md "Failure semantics").
 func TestRequestFramingRejected(t *testing.T) {
 	var hits atomic.Int32
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })

@@ -215,7 +215,7 @@ func reference(in []byte) []forwarded {
 }
 
 // wellFormed are ordinary requests, alone and pipelined; the smuggling
-// shapes of reliability-anchors §6.2 (S1–S5) are the seed corpus in
+// shapes of RELIABILITY.md §6.2 (S1–S5) are the seed corpus in
 // testdata/fuzz/FuzzProxyRequestFraming, with what the fuzzer found.
 var wellFormed = []string{
 	"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n",

@@ -55,7 +55,7 @@ func injectedUsageEvent(f sse.Flags) bool {
 // each read before forwarding, forwards every complete event except the
 // injected usage-only one, and holds back an incomplete event until its end
 // arrives. It returns the bytes to forward now, valid until the next call.
-// This path measures before it forwards, so it is opt-in (DESIGN.md §3).
+// This path measures before it forwards, so it is opt-in (docs/design.md "Stamps and phases").
 // Trace.RespBytes counts what is forwarded, so the hidden event is not in
 // it: response_bytes is what the client received (WriteTo adds the held
 // tail it forwards at EOF).

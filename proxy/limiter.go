@@ -7,7 +7,7 @@ import (
 
 // limiter is the optional local concurrency limit (--max-inflight). Set to
 // the engine's slot count, it moves the engine's queue into the proxy,
-// where the wait is exact (queue_source "limiter", DESIGN.md §3).
+// where the wait is exact (queue_source "limiter", docs/design.md "Queue vs prefill").
 //
 // Waiters are served in FIFO order: goroutines blocked sending on a Go
 // channel are queued first come, first served. It is safe for concurrent use.

@@ -17,7 +17,7 @@ import (
 )
 
 // The tests of this file hold the proxy to its limits and timeouts
-// (reliability-anchors §6.3): big legitimate requests pass, abusive ones
+// (RELIABILITY.md §6.3): big legitimate requests pass, abusive ones
 // are cut, and no timeout is a total over a stream.
 
 // TestLargeLegitimatePromptPasses (L3): an 8 MiB chat request, a long

@@ -2,7 +2,7 @@ package proxy
 
 import "time"
 
-// The phases of DESIGN.md §3, derived from a Trace's stamps. Each returns
+// The phases of docs/design.md "Stamps and phases", derived from a Trace's stamps. Each returns
 // ok=false when a stamp it needs is missing, so that callers report null,
 // never 0, for a phase that did not happen.
 

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The protocol table (DESIGN.md §4): every API the sim speaks, stream and
+// The protocol table (docs/design.md "Protocols and tokens"): every API the sim speaks, stream and
 // non-stream, reasoning-first and content-only, through the proxy. The
 // expectations come from the bytes the client received, parsed here with
 // encoding/json and independently of the sse package, so that a
@@ -406,7 +406,7 @@ func requireTokens(t *testing.T, want clientUsage, tr *Trace) {
 }
 
 // requireStreamStamps checks the stamps of a complete stream: all present,
-// in the order of DESIGN.md §3, and TTFO < TTFT exactly when reasoning
+// in the order of docs/design.md "Stamps and phases", and TTFO < TTFT exactly when reasoning
 // came first.
 func requireStreamStamps(t *testing.T, tr *Trace, reasoning bool) {
 	t.Helper()

@@ -358,7 +358,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 }
 
 // beginAttempt links the request to the client's earlier attempts at the
-// same body (DESIGN.md §6). The client is known by a keyed hash of its
+// same body (docs/design.md "Retries"). The client is known by a keyed hash of its
 // credentials, address and User-Agent; none of them is kept.
 func (p *Proxy) beginAttempt(ctx *fasthttp.RequestCtx, r *relay) {
 	h := &ctx.Request.Header
@@ -394,7 +394,7 @@ func (p *Proxy) endAttempt(tr *Trace) {
 }
 
 // observePrefix hashes the prompt's segments against the index of recent
-// prompts (DESIGN.md §5). It runs when the response is complete, off the
+// prompts (docs/design.md "Prefix drift"). It runs when the response is complete, off the
 // streaming path: it costs about a millisecond per MiB of new prompt.
 func (p *Proxy) observePrefix(r *relay) {
 	tr := &r.tr
@@ -422,7 +422,7 @@ func prefixProtocol(rt Route) prefix.Protocol {
 // in flight upstream. It returns why it was refused, or 0.
 func (p *Proxy) admit(r *relay) refusal {
 	tr := &r.tr
-	tr.Admit = tr.Recv // without a limiter t_admit = t_recv (DESIGN.md §3)
+	tr.Admit = tr.Recv // without a limiter t_admit = t_recv (docs/design.md "Stamps and phases")
 	if p.limit != nil {
 		if why := p.limit.acquire(r.left); why != 0 {
 			return why

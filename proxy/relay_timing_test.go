@@ -175,7 +175,7 @@ func BenchmarkRelay(b *testing.B) {
 
 // TestRelayAllocsPerEvent: the relay allocates per request, never per
 // event. A stream of 10,000 events must allocate no more than one of 10
-// (beyond noise from background goroutines): house style rule 8.
+// (beyond noise from background goroutines): docs/design.md "Rules the code keeps".
 func TestRelayAllocsPerEvent(t *testing.T) {
 	e := newRelayEnv(t)
 	for range 3 {

@@ -19,7 +19,7 @@ import (
 )
 
 // The tests of this file follow one request through an upstream or a
-// client that fails at every step (reliability-anchors §6.4): the outcome
+// client that fails at every step (RELIABILITY.md §6.4): the outcome
 // is recorded right, the client can tell, and nothing is sent twice.
 
 // rawUpstream is a TCP upstream that runs serve on every connection and

@@ -11,7 +11,7 @@ import (
 type Route uint8
 
 // Routes the proxy knows. Everything else is RouteOther and is forwarded
-// verbatim and counted, not parsed (DESIGN.md §4).
+// verbatim and counted, not parsed (docs/design.md "Protocols and tokens").
 const (
 	RouteOther Route = iota
 	RouteChat
@@ -91,7 +91,7 @@ func methodOf(m []byte) string {
 // ModelOther is the label of every model beyond the allowed or learned set.
 const ModelOther = "other"
 
-// modelSet bounds the model label (reliability-anchors §0.7: a model label
+// modelSet bounds the model label (RELIABILITY.md M1: a model label
 // taken verbatim from request bodies lets a client create unbounded series).
 // It is safe for concurrent use.
 type modelSet struct {

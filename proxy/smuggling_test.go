@@ -18,12 +18,12 @@ import (
 
 // The tests of this file hold the proxy to one reading of every message:
 // what it forwards is framed once, the way it was framed, and what it
-// cannot frame it refuses and stops reading (reliability-anchors §6.1–6.2).
+// cannot frame it refuses and stops reading (RELIABILITY.md §6.1–6.2).
 
 // TestAbsoluteFormAndHostCannotRedirectUpstream (H4): an absolute-form
 // request-target, a Host naming another server and CONNECT reach the
 // configured upstream and nothing else: the proxy dials no address taken
-// from a request (it is no open proxy: reliability-anchors F-7), and it
+// from a request (it is no open proxy: RELIABILITY.md H4), and it
 // never becomes a tunnel.
 func TestAbsoluteFormAndHostCannotRedirectUpstream(t *testing.T) {
 	elsewhere := startRawUpstream(t, func(*rawUpstream, net.Conn, *bufio.Reader) {})

@@ -279,9 +279,9 @@ func (r *relay) measure(b []byte, t time.Time) {
 	}
 }
 
-// onEvent takes the stamps and counts of one SSE event (DESIGN.md §3).
+// onEvent takes the stamps and counts of one SSE event (docs/design.md "Stamps and phases").
 // Role-only and empty deltas never count as output: a gateway bug class that
-// reports a wrong TTFT for reasoning models (mission-anchors).
+// reports a wrong TTFT for reasoning models (docs/design.md "Stamps and phases").
 func (r *relay) onEvent(t time.Time) {
 	tr := &r.tr
 	tr.Events++

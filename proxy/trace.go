@@ -74,7 +74,7 @@ func (k ErrKind) String() string {
 	return "unknown"
 }
 
-// Trace is the record of one proxied request: the stamps of DESIGN.md §3, counts
+// Trace is the record of one proxied request: the stamps of docs/design.md "Stamps and phases", counts
 // and token usage. It holds only values, so copying it is always safe. A zero
 // time.Time stamp means the moment never came (for example no first output
 // for a request that failed).
@@ -148,11 +148,11 @@ type Trace struct {
 	ServerPrefill time.Duration
 
 	// Prefix is how much of the prompt an earlier request had sent, and
-	// where it drifted (DESIGN.md §5); zero for routes that are not
+	// where it drifted (docs/design.md "Prefix drift"); zero for routes that are not
 	// inference. It holds hashes, lengths and offsets, never text.
 	Prefix prefix.Result
 
 	// Retry links this attempt to the client's earlier attempts at the
-	// same request (DESIGN.md §6); zero for routes that are not inference.
+	// same request (docs/design.md "Retries"); zero for routes that are not inference.
 	Retry retry.Result
 }

@@ -64,7 +64,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CapacityRamp, "capacity-ramp", d.CapacityRamp, "how long opening the capacity run's streams takes")
 }
 
-// runBench measures the proxy's own overhead (DESIGN.md §10). The proxy
+// runBench measures the proxy's own overhead (BENCHMARKS.md "Method"). The proxy
 // runs as a child process, "anvilproxy serve", so that its CPU time is its
 // own; the emitter and the clients run here.
 func runBench(args []string, stdout, stderr io.Writer) error {

@@ -21,7 +21,7 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files")
 
-// referenceFile is the benchmark client's file (DESIGN.md §8).
+// referenceFile is the benchmark client's file (docs/design.md "Snapshots").
 const referenceFile = "../../histo/snapshot/testdata/reference.json"
 
 // runCmd runs the command line and returns its exit code and output.

@@ -73,17 +73,17 @@ type Extension struct {
 	// PrefillRateModel is the learned prefill rate behind queue_source
 	// "model" when the window ended.
 	PrefillRateModel PrefillModel `json:"prefill_rate_model"`
-	// Prefix is histo.PrefixSection (DESIGN.md §5); null in merges of
+	// Prefix is histo.PrefixSection (docs/design.md "Prefix drift"); null in merges of
 	// files that have none (the benchmark client's).
 	Prefix json.RawMessage `json:"prefix"`
 	// PromptLedger is histo.LedgerSection: the prompts' bytes by part
 	// (system, tools, history, last turn) and how they grow with turns.
 	PromptLedger json.RawMessage `json:"prompt_ledger"`
-	// QueueSplit is the queue/prefill split by source (DESIGN.md §3):
+	// QueueSplit is the queue/prefill split by source (docs/design.md "Queue vs prefill"):
 	// requests per source, failed and dropped included, and the queue and
 	// prefill distributions of the successful requests with a record.
 	QueueSplit map[string]SourceSplit `json:"queue_split"`
-	// Retry is histo.RetrySection (DESIGN.md §6); null in merges of
+	// Retry is histo.RetrySection (docs/design.md "Retries"); null in merges of
 	// files that have none (the benchmark client's).
 	Retry json.RawMessage `json:"retry"`
 	// The measurement window (or, merged, the span of the windows).

@@ -4,7 +4,7 @@ import "encoding/json"
 
 // passiveNulls are the v1 keys that describe the benchmark client's own
 // controls or setup. A passive proxy has no such thing, so it writes them as
-// null rather than invent a value (DESIGN.md §8); the reasons go into every
+// null rather than invent a value (docs/design.md "Snapshots"); the reasons go into every
 // document's timing_methodology.passive_nulls. Keys are top level, metrics.*
 // or request_timings[].*.
 var passiveNulls = [...]struct{ key, why string }{
@@ -43,7 +43,7 @@ var passiveNulls = [...]struct{ key, why string }{
 }
 
 // methodology is the proxy's timing_methodology: its own definitions, in
-// the benchmark's keys where it has them (DESIGN.md §3).
+// the benchmark's keys where it has them (docs/design.md "Stamps and phases").
 var methodology = map[string]string{
 	"agent_time":               "anvilproxy.conversations: turns are linked into conversations by the prefix tracker; a turn's agent gap is t_recv - the latest t_client_done of its conversation (none when that response had not ended, or the conversation was idle 30 min or evicted from the 4096 followed), its engine time t_recv - t_end; a conversation's shares are of its wall time, first t_recv to last t_client_done",
 	"artifact_timestamps":      "Unix nanoseconds from the proxy host's wall clock at the window's start and end and at each request's t_recv; independent artifacts may align them only as far as their hosts' clocks agree",

@@ -1,6 +1,6 @@
 // Package snapshot builds, writes, reads and merges anvil-serving.benchmark/v1
 // documents: the proxy's measurement windows in the file format of the
-// benchmark client of the first deployment (DESIGN.md §8), so that tools
+// benchmark client of the first deployment (docs/design.md "Snapshots"), so that tools
 // that read the benchmark's files read the proxy's, and the proxy's files
 // from several windows or replicas merge exactly.
 package snapshot
@@ -116,7 +116,7 @@ type Timing struct {
 }
 
 // addedTimingKeys are the keys a request_timings entry has beyond the
-// benchmark's: the nine DESIGN.md §8 names, then the phases and counts
+// benchmark's: the nine v1 metric names (docs/design.md "Snapshots"), then the phases and counts
 // behind the extension's distributions and a timestamp to order merged
 // requests by.
 var addedTimingKeys = [...]string{

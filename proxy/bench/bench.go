@@ -2,7 +2,7 @@
 // a direct connection and with other reverse proxies found on the machine
 // (nginx, Caddy, HAProxy), in one run.
 //
-// The method follows GetBusbar's stream suite (performance-anchors §1.9):
+// The method follows GetBusbar's stream suite (BENCHMARKS.md "Method"):
 // an emitter on loopback sends SSE events that carry their send time; the
 // clients stamp each event when the read that completes it returns; the
 // same workload runs direct and through every proxy in interleaved rounds

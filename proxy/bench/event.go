@@ -136,7 +136,7 @@ func parseFixed(b []byte) (uint64, bool) {
 
 // Request bodies. Each carries a unique id in its message, as agents' do:
 // identical bodies from one client would look like retries to the proxy's
-// retry tracker (DESIGN.md §6).
+// retry tracker (docs/design.md "Retries").
 
 // appendStreamRequest appends the body of a streamed chat request for
 // events content events gap apart.

@@ -14,7 +14,7 @@ import (
 
 // The proxy measures itself too: anvilproxy_proxy_overhead_seconds is its
 // residency per relayed read, from the upstream read returning to the client
-// write and flush returning (performance-anchors §1.1, kind A). The bench
+// write and flush returning (BENCHMARKS.md "Method"). The bench
 // reads it from the child's /metrics before and after a level, next to what
 // the clients measure (kind C), so that the table shows how much of the
 // added latency is the proxy's own work and how much is the extra hop.

@@ -1,6 +1,6 @@
 // Package retry measures client retry amplification: how much of the
 // engine's load is clients re-sending a request they already sent
-// (DESIGN.md §6). Gateways count only their own upstream retries; a
+// (docs/design.md "Retries"). Gateways count only their own upstream retries; a
 // Tracker sees the client's, links each retry to the attempt it replaces,
 // and reports what ended that attempt, the client's backoff, and the
 // engine tokens spent on responses nobody read.

@@ -44,7 +44,7 @@ func newOpenAIUsage(j *job, res *result) *openAIUsage {
 // vllmMetrics is vLLM's per-request "metrics" object
 // (--enable-per-request-metrics, docs/features/per_request_metrics.md),
 // plus prefill_time_ms and decode_time_ms, which name the same spans as
-// time_to_first_token_ms and generation_time_ms the way DESIGN.md does.
+// time_to_first_token_ms and generation_time_ms the way docs/design.md "Stamps and phases" does.
 type vllmMetrics struct {
 	TimeToFirstTokenMs float64  `json:"time_to_first_token_ms"` // scheduled → first token
 	GenerationTimeMs   float64  `json:"generation_time_ms"`     // first → last token

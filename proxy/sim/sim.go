@@ -3,7 +3,7 @@
 //
 // It speaks the OpenAI chat completions and legacy completions APIs as vLLM
 // emits them, the OpenAI Responses API and the Anthropic Messages API, and it
-// is calibrated to the seed run in DESIGN.md section 9 (model
+// is calibrated to the seed run, histo/snapshot/testdata/reference.json (model
 // qwen38-swift15-ninfer-dflash2-c4-262k on an RTX 5090): 4 slots with a FIFO
 // queue, prefill at ~7,700 uncached tokens/s, a block prefix cache, decode at
 // ~235 tokens/s per stream with ~5 tokens per SSE event (speculative decoding
@@ -204,7 +204,7 @@ type Config struct {
 }
 
 // TimingMode selects how a response reports the engine's own timing, which
-// lets the proxy split queue from prefill (DESIGN.md section 3).
+// lets the proxy split queue from prefill (docs/design.md "Queue vs prefill").
 type TimingMode int
 
 const (
