@@ -487,7 +487,7 @@
     el.innerHTML = h;
   }
 
-  // renderDrift shows the snapshot's prefix section (DESIGN.md §5): the
+  // renderDrift shows the snapshot's prefix section (docs/design.md "Prefix drift"): the
   // counts, drifts by segment and class, and the latest drift events. Keys
   // it does not know are shown as they come, so that a newer proxy's
   // additions are not hidden.
