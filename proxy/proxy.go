@@ -2,47 +2,30 @@
 // forwards every request to one upstream inference server, passes every
 // byte back unchanged and flushes every SSE event the moment it arrives,
 // and emits one Trace per request to a Recorder.
+//
+// The files, one concept each: proxy.go (the Proxy and Handle, the story of
+// a request), request.go (framing checks, the upstream request), body.go
+// (request bodies and their memory bound), upstream.go and roundtrip.go
+// (the upstream connection pool and one exchange), stream.go (the relay),
+// hijack.go (tunnels and HTTP/1.0 bodies), errors.go (refusals and their
+// statuses), trace.go and phase.go (what is recorded), recorder.go (where
+// it goes), log.go (the log line), listener.go (the guarded listener),
+// watch_*.go (the client watch). docs/design.md tells the whole story.
 package proxy
 
 import (
-	"bytes"
-	"encoding/json"
 	"math"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 	"github.com/anvilproxy/anvilproxy/proxy/retry"
 	"github.com/anvilproxy/anvilproxy/sse"
 )
-
-// Recorder receives what the proxy measures. Implementations must be safe
-// for concurrent use and must not block: they are called on the relay path.
-type Recorder interface {
-	// Record is called once per request, when it has ended. t is valid only
-	// during the call; copy the value to keep it.
-	Record(t *Trace)
-	// ObserveRelay is called for every upstream read relayed to the client,
-	// with the time from the read returning to the client write and flush
-	// returning (the proxy's own residency). It must not allocate.
-	ObserveRelay(d time.Duration)
-	// ObserveGap is called for every gap between consecutive output events
-	// of a stream. It must not allocate.
-	ObserveGap(d time.Duration)
-}
-
-// NopRecorder discards everything.
-type NopRecorder struct{}
-
-func (NopRecorder) Record(*Trace)              {}
-func (NopRecorder) ObserveRelay(time.Duration) {}
-func (NopRecorder) ObserveGap(time.Duration)   {}
 
 // Proxy forwards requests to one upstream. It is safe for concurrent use;
 // its configuration is fixed by New.
@@ -172,79 +155,6 @@ func (p *Proxy) expect(ctx *fasthttp.RequestCtx) int {
 		return fasthttp.StatusRequestEntityTooLarge
 	}
 	return fasthttp.StatusContinue
-}
-
-// serverLog takes fasthttp's own log lines. Their arguments can hold the
-// raw bytes of a bad request, headers and API keys included, so only the
-// format string is kept, at debug level.
-type serverLog struct{ log *zap.Logger }
-
-func (l serverLog) Printf(format string, _ ...any) {
-	l.log.Debug("fasthttp", zap.String("event", format))
-}
-
-// badFraming reports a request head the proxy refuses to forward, before
-// anything reaches the upstream:
-//   - both Transfer-Encoding and Content-Length. fasthttp lets
-//     Transfer-Encoding win and closes the connection afterwards (RFC 9112
-//     §6.3 allows that), but a request framed two ways is a smuggling
-//     shape, and Envoy and Go reject it;
-//   - a Transfer-Encoding other than chunked (identity): fasthttp reads it
-//     as "no body" and would parse the body as the next request;
-//   - a header name that is not a token ("Transfer Encoding: chunked"):
-//     fasthttp keeps it, and an upstream that reads it as a framing header
-//     would frame the body differently (RFC 9112 §5.1; Go answers 400).
-func badFraming(h *fasthttp.RequestHeader) bool {
-	chunked := h.ContentLength() == -1
-	raw := h.RawHeaders()
-	for len(raw) > 0 {
-		var line []byte
-		line, raw, _ = bytes.Cut(raw, []byte("\n"))
-		if len(bytes.TrimRight(line, "\r")) == 0 {
-			continue
-		}
-		name, _, ok := bytes.Cut(line, []byte(":"))
-		if !ok || !isToken(name) {
-			return true
-		}
-		if chunked && hasHeaderName(line, "content-length:") {
-			return true
-		}
-		if !chunked && hasHeaderName(line, "transfer-encoding:") {
-			return true
-		}
-	}
-	return false
-}
-
-// isToken reports whether b is a non-empty RFC 9110 §5.6.2 token.
-func isToken(b []byte) bool {
-	if len(b) == 0 {
-		return false
-	}
-	for _, c := range b {
-		if c >= 0x80 || !tokenChars[c] {
-			return false
-		}
-	}
-	return true
-}
-
-var tokenChars = func() (t [128]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
-
-func hasHeaderName(line []byte, name string) bool {
-	return len(line) > len(name) && bytes.EqualFold(line[:len(name)], []byte(name))
 }
 
 // Handle serves one request: read it, forward it, hand the response body to
@@ -474,53 +384,6 @@ func (p *Proxy) recordAfterPanic(tr *Trace) {
 	p.logTrace(tr)
 }
 
-// buildRequest copies the client's request into the upstream request: every
-// method, path, query, header and body byte, minus hop-by-hop headers, with
-// X-Forwarded-For appended and the upstream's Host. It returns a non-zero
-// status when the request must be refused.
-func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) refusal {
-	req := &r.req
-	ctx.Request.Header.CopyTo(&req.Header)
-	req.Header.SetNoDefaultContentType(true)
-	uri := ctx.Request.Header.RequestURI()
-	if p.up.prefix != "" {
-		joined := make([]byte, 0, len(p.up.prefix)+len(uri))
-		uri = append(append(joined, p.up.prefix...), uri...)
-	}
-	req.SetRequestURIBytes(uri)
-	req.URI().DisablePathNormalizing = true
-	// An absolute-form target names its own scheme; the upstream's wins, as
-	// its host does (the HostClient refuses a scheme other than its own).
-	if p.up.tls {
-		req.URI().SetScheme("https")
-	} else {
-		req.URI().SetScheme("http")
-	}
-	stripHops(&req.Header)
-	// The body is read whole before it is sent: the client had its 100
-	// Continue from fasthttp, and the engine must not send another.
-	req.Header.Del("Expect")
-	// Trailers are asked for only on behalf of a client that takes them
-	// (TE is hop-by-hop), as Go's ReverseProxy does.
-	if r.trailers = hasToken(ctx.Request.Header.Peek("TE"), "trailers"); r.trailers {
-		req.Header.Set("TE", "trailers")
-	}
-	if r.upgrade = wantsUpgrade(&ctx.Request.Header); r.upgrade {
-		req.Header.SetBytesV("Upgrade", ctx.Request.Header.Peek("Upgrade"))
-		req.Header.Set("Connection", "Upgrade")
-	}
-	if !p.cfg.NoForwardedFor {
-		appendForwardedFor(&req.Header, ctx.RemoteIP())
-	}
-	if p.cfg.PreserveHost {
-		req.UseHostHeader = true
-	} else {
-		req.Header.SetHost(p.up.host)
-	}
-	req.URI().SetHost(p.up.host)
-	return p.readBody(ctx, r)
-}
-
 // handleReadError answers requests fasthttp could not read (see
 // bodyFailure): 413 for a large body (fasthttp's default is 400), 431 for
 // large headers, 408 for a read timeout, 499 for a client gone mid-request,
@@ -675,71 +538,6 @@ func msDuration(ms float64) time.Duration {
 	return time.Duration(ms * float64(time.Millisecond))
 }
 
-// requestModel returns the "model" of a JSON request body, or nil. It
-// scans the top level for the key instead of decoding the body, which for
-// an agent's 100 KB prompt is the difference between microseconds and a
-// millisecond; only a value with escapes, or a body the scan cannot read
-// with certainty, is decoded.
-func requestModel(body []byte) []byte {
-	if len(body) == 0 || body[0] != '{' {
-		return nil
-	}
-	raw, res := sse.TopLevelString(body, "model")
-	switch res {
-	case sse.KeyAbsent:
-		return nil
-	case sse.KeyFound:
-		if plainString(raw) {
-			return raw
-		}
-		var s string
-		if json.Unmarshal(quotedAgain(raw), &s) != nil {
-			return nil
-		}
-		return []byte(s)
-	}
-	return decodeModel(body)
-}
-
-// plainString reports whether the raw contents of a JSON string are its
-// value: no escape, no control byte, valid UTF-8 (encoding/json replaces
-// an invalid sequence, and refuses a control byte).
-func plainString(raw []byte) bool {
-	ascii := true
-	for _, c := range raw {
-		if c == '\\' || c < 0x20 {
-			return false
-		}
-		ascii = ascii && c < 0x80
-	}
-	return ascii || utf8.Valid(raw)
-}
-
-// quotedAgain puts the quotes back around a string's raw contents.
-func quotedAgain(raw []byte) []byte {
-	b := make([]byte, 0, len(raw)+2)
-	return append(append(append(b, '"'), raw...), '"')
-}
-
-// decodeModel is requestModel by decoding the whole body, for what the
-// scan leaves uncertain: keys compared exactly, the last of a repeated
-// key winning, as the scan does.
-func decodeModel(body []byte) []byte {
-	var v map[string]json.RawMessage
-	if json.Unmarshal(body, &v) != nil {
-		return nil
-	}
-	m := v["model"]
-	if len(m) < 2 || m[0] != '"' {
-		return nil
-	}
-	var s string
-	if json.Unmarshal(m, &s) != nil {
-		return nil
-	}
-	return []byte(s)
-}
-
 // reset prepares a relay for the next request, keeping its buffers.
 func (r *relay) reset() {
 	r.req.Reset()
@@ -761,39 +559,4 @@ func (r *relay) reset() {
 	r.left = nil
 	r.gone.Store(false)
 	r.tr = Trace{}
-}
-
-// logTrace writes the one info line of a request. It carries stamps, counts
-// and labels only: never a prompt, a completion or a header value.
-func (p *Proxy) logTrace(tr *Trace) {
-	ce := p.log.Check(zapcore.InfoLevel, "request")
-	if ce == nil {
-		return
-	}
-	ce.Write(
-		zap.Uint64("id", tr.ID),
-		zap.String("route", tr.Route.String()),
-		zap.String("model", tr.Model),
-		zap.Int("status", tr.Status),
-		zap.Bool("stream", tr.Stream),
-		phaseField("ttfo", tr.FirstOutput, tr),
-		phaseField("ttft", tr.FirstContent, tr),
-		phaseField("e2e", tr.End, tr),
-		zap.Int("events", tr.Events),
-		zap.Int64("prompt_tokens", tr.PromptTokens),
-		zap.Int64("completion_tokens", tr.CompletionTokens),
-		zap.Int64("cached_tokens", tr.CachedTokens),
-		zap.Bool("cold", tr.Cold),
-		zap.Stringer("error_side", tr.ErrSide),
-		zap.Stringer("error", tr.ErrKind),
-		zap.Bool("truncated", tr.Truncated),
-	)
-}
-
-// phaseField logs the time from t_recv to t, or nothing when t never came.
-func phaseField(key string, t time.Time, tr *Trace) zap.Field {
-	if t.IsZero() {
-		return zap.Skip()
-	}
-	return zap.Duration(key, t.Sub(tr.Recv))
 }
