@@ -4,13 +4,16 @@
 // and emits one Trace per request to a Recorder.
 //
 // The files, one concept each: proxy.go (the Proxy and Handle, the story of
-// a request), request.go (framing checks, the upstream request), body.go
-// (request bodies and their memory bound), upstream.go and roundtrip.go
-// (the upstream connection pool and one exchange), stream.go (the relay),
-// hijack.go (tunnels and HTTP/1.0 bodies), errors.go (refusals and their
-// statuses), trace.go and phase.go (what is recorded), recorder.go (where
-// it goes), log.go (the log line), listener.go (the guarded listener),
-// watch_*.go (the client watch). docs/design.md tells the whole story.
+// a request), config.go, request.go (framing checks, the upstream request),
+// headers.go (hop-by-hop and forwarded headers), route.go and path.go (the
+// route and path labels), body.go (request bodies and their memory bound),
+// limiter.go (--max-inflight), upstream.go and roundtrip.go (the upstream
+// connection pool and one exchange), stream.go and inject.go (the relay),
+// deadline.go (coarse idle deadlines), hijack.go (tunnels and HTTP/1.0
+// bodies), errors.go (refusals and their statuses), trace.go and phase.go
+// (what is recorded), recorder.go (where it goes), log.go (the log line),
+// listener.go (the guarded listener), watch_*.go (the client watch).
+// docs/design.md tells the whole story.
 package proxy
 
 import (
