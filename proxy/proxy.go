@@ -311,24 +311,10 @@ func (p *Proxy) endAttempt(tr *Trace) {
 // streaming path: it costs about a millisecond per MiB of new prompt.
 func (p *Proxy) observePrefix(r *relay) {
 	tr := &r.tr
-	tr.Prefix = p.prefix.Observe(prefixProtocol(tr.Route), r.req.Body(), tr.Recv)
+	tr.Prefix = p.prefix.Observe(tr.Route.Protocol(), r.req.Body(), tr.Recv)
 	if tr.Prefix.Tracked && tr.UsageSeen && tr.CachedTokens >= 0 {
 		p.prefix.Cache(&tr.Prefix, tr.PromptTokens, tr.CachedTokens)
 	}
-}
-
-func prefixProtocol(rt Route) prefix.Protocol {
-	switch rt {
-	case RouteChat:
-		return prefix.ProtocolChat
-	case RouteCompletions:
-		return prefix.ProtocolCompletions
-	case RouteResponses:
-		return prefix.ProtocolResponses
-	case RouteMessages:
-		return prefix.ProtocolMessages
-	}
-	return prefix.ProtocolUnknown
 }
 
 // admit passes the request through the limiter, if any, and counts it as

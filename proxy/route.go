@@ -36,7 +36,8 @@ func (r Route) String() string {
 	return "other"
 }
 
-// Protocol is the stream protocol spoken on the route, for the SSE classifier.
+// Protocol is the protocol spoken on the route, for the SSE classifier and
+// the prefix tracker (the one mapping from routes to protocols).
 func (r Route) Protocol() sse.Protocol {
 	switch r {
 	case RouteChat:

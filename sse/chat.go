@@ -5,12 +5,12 @@ package sse
 // for completions. It reports false unless data is a JSON object with
 // choices, usage, engine timings or an error.
 func classifyChat(data []byte, c *Chunk) bool {
-	s := scanner{b: data}
-	if !s.object() {
+	s := NewScanner(data)
+	if !s.Object() {
 		return false
 	}
 	known := false
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "choices":
 			known = true
@@ -30,26 +30,26 @@ func classifyChat(data []byte, c *Chunk) bool {
 		case "object":
 			// vLLM streamed errors as {"object":"error","message":...}
 			// before it used {"error":{...}}.
-			if string(s.str()) == "error" {
+			if string(s.Str()) == "error" {
 				known = true
 				c.Flags |= FlagError
 			}
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
-	return known && !s.bad
+	return known && !s.Bad()
 }
 
-func chatChoices(s *scanner, c *Chunk) {
-	if !s.array() {
+func chatChoices(s *Scanner, c *Chunk) {
+	if !s.Array() {
 		return
 	}
-	for s.elem() {
-		if !s.object() {
+	for s.Elem() {
+		if !s.Object() {
 			continue
 		}
-		for k := s.key(); k != nil; k = s.key() {
+		for k := s.Key(); k != nil; k = s.Key() {
 			switch string(k) {
 			case "delta", "message":
 				chatMessage(s, c)
@@ -58,7 +58,7 @@ func chatChoices(s *scanner, c *Chunk) {
 			case "finish_reason":
 				c.Flags |= flagIf(s.present(), FlagFinish)
 			default:
-				s.skip()
+				s.Skip()
 			}
 		}
 	}
@@ -67,11 +67,11 @@ func chatChoices(s *scanner, c *Chunk) {
 // chatMessage reads a delta or a message. Engines name the reasoning
 // channel reasoning_content (DeepSeek, llama.cpp, older vLLM) or reasoning
 // (newer vLLM, OpenRouter). A refusal is output text.
-func chatMessage(s *scanner, c *Chunk) {
-	if !s.object() {
+func chatMessage(s *Scanner, c *Chunk) {
+	if !s.Object() {
 		return
 	}
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "role":
 			c.Flags |= flagIf(s.nonEmpty(), FlagRole)
@@ -84,7 +84,7 @@ func chatMessage(s *scanner, c *Chunk) {
 		case "function_call":
 			c.Flags |= flagIf(toolFunction(s), FlagToolCall)
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 }
@@ -92,20 +92,20 @@ func chatMessage(s *scanner, c *Chunk) {
 // toolCalls consumes a tool_calls array and reports whether any call
 // carried a name or arguments. The first chunk of a streamed call has the
 // name and empty arguments; the following ones carry arguments only.
-func toolCalls(s *scanner) bool {
+func toolCalls(s *Scanner) bool {
 	found := false
-	if !s.array() {
+	if !s.Array() {
 		return false
 	}
-	for s.elem() {
-		if !s.object() {
+	for s.Elem() {
+		if !s.Object() {
 			continue
 		}
-		for k := s.key(); k != nil; k = s.key() {
+		for k := s.Key(); k != nil; k = s.Key() {
 			if string(k) == "function" {
 				found = toolFunction(s) || found
 			} else {
-				s.skip()
+				s.Skip()
 			}
 		}
 	}
@@ -114,17 +114,17 @@ func toolCalls(s *scanner) bool {
 
 // toolFunction consumes a {"name","arguments"} object and reports whether
 // either is non-empty.
-func toolFunction(s *scanner) bool {
+func toolFunction(s *Scanner) bool {
 	found := false
-	if !s.object() {
+	if !s.Object() {
 		return false
 	}
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "name", "arguments":
 			found = s.nonEmpty() || found
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	return found

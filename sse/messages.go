@@ -4,8 +4,8 @@ package sse
 // body. The type is in the JSON "type", and in the SSE event field as a
 // fallback.
 func classifyMessages(evType, data []byte, c *Chunk) bool {
-	s := scanner{b: data}
-	if !s.object() {
+	s := NewScanner(data)
+	if !s.Object() {
 		return false
 	}
 	typ := messagesObject(&s, c, 0)
@@ -20,7 +20,7 @@ func classifyMessages(evType, data []byte, c *Chunk) bool {
 	case "error":
 		c.Flags |= FlagError
 	}
-	return len(typ) > 0 && !s.bad
+	return len(typ) > 0 && !s.Bad()
 }
 
 // maxMessagesDepth bounds the recursion of messagesObject: an event holds a
@@ -33,12 +33,12 @@ const maxMessagesDepth = 2
 // "thinking" in thinking blocks and thinking_delta, "partial_json" in
 // input_json_delta, "name" in tool_use blocks. signature_delta carries none
 // of them.
-func messagesObject(s *scanner, c *Chunk, depth int) []byte {
+func messagesObject(s *Scanner, c *Chunk, depth int) []byte {
 	var typ []byte
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "type":
-			typ = s.str()
+			typ = s.Str()
 		case "message", "content_block", "delta":
 			messagesChild(s, c, depth)
 		case "content":
@@ -56,31 +56,31 @@ func messagesObject(s *scanner, c *Chunk, depth int) []byte {
 		case "error":
 			c.Flags |= flagIf(s.present(), FlagError)
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	return typ
 }
 
-func messagesChild(s *scanner, c *Chunk, depth int) {
+func messagesChild(s *Scanner, c *Chunk, depth int) {
 	if depth >= maxMessagesDepth {
-		s.skip()
+		s.Skip()
 		return
 	}
-	if s.object() {
+	if s.Object() {
 		messagesObject(s, c, depth+1)
 	}
 }
 
-func messagesBlocks(s *scanner, c *Chunk, depth int) {
+func messagesBlocks(s *Scanner, c *Chunk, depth int) {
 	if depth >= maxMessagesDepth {
-		s.skip()
+		s.Skip()
 		return
 	}
-	if !s.array() {
+	if !s.Array() {
 		return
 	}
-	for s.elem() {
+	for s.Elem() {
 		messagesChild(s, c, depth)
 	}
 }

@@ -5,6 +5,10 @@
 // Both halves sit on the proxy's hot path. Once a Parser's buffers have grown
 // to the largest event of a stream, parsing and classifying an event allocate
 // nothing.
+//
+// The classifiers read JSON with Scanner, the module's one in-place JSON
+// reader, which TopLevelString (the request's "model") and the prefix
+// tracker (proxy/prefix) use too; Protocol names the API for both.
 package sse
 
 import (

@@ -4,15 +4,15 @@ package sse
 // event means depends on its type, which is both the SSE event field and
 // the JSON "type"; the JSON wins.
 func classifyResponses(evType, data []byte, c *Chunk) bool {
-	s := scanner{b: data}
-	if !s.object() {
+	s := NewScanner(data)
+	if !s.Object() {
 		return false
 	}
 	typ, delta, item := evType, false, Flags(0)
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "type":
-			if t := s.str(); t != nil {
+			if t := s.Str(); t != nil {
 				typ = t
 			}
 		case "delta":
@@ -24,7 +24,7 @@ func classifyResponses(evType, data []byte, c *Chunk) bool {
 		case "error":
 			c.Flags |= flagIf(s.present(), FlagError)
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	c.Flags |= responsesFlags(typ, delta)
@@ -34,7 +34,7 @@ func classifyResponses(evType, data []byte, c *Chunk) bool {
 		// items are still empty.
 		c.Flags |= item & FlagToolCall
 	}
-	return len(typ) > 0 && !s.bad
+	return len(typ) > 0 && !s.Bad()
 }
 
 func responsesFlags(typ []byte, delta bool) Flags {
@@ -57,34 +57,34 @@ func responsesFlags(typ []byte, delta bool) Flags {
 
 // classifyResponseBody reads a whole response object.
 func classifyResponseBody(body []byte, c *Chunk) bool {
-	s := scanner{b: body}
-	return responseObject(&s, c, true) && !s.bad
+	s := NewScanner(body)
+	return responseObject(&s, c, true) && !s.Bad()
 }
 
 // responseObject consumes a response object and reports whether the value
 // was one. Its output is read only for a whole body: in a stream, the
 // response of response.completed repeats output that the deltas already
 // carried.
-func responseObject(s *scanner, c *Chunk, body bool) bool {
-	if !s.object() {
+func responseObject(s *Scanner, c *Chunk, body bool) bool {
+	if !s.Object() {
 		return false
 	}
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "usage":
 			openaiUsage(s, c)
 		case "error":
 			c.Flags |= flagIf(s.present(), FlagError)
 		case "status":
-			c.Flags |= statusFlags(s.str())
+			c.Flags |= statusFlags(s.Str())
 		case "output":
 			if body {
 				responsesOutput(s, c)
 			} else {
-				s.skip()
+				s.Skip()
 			}
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	return true
@@ -100,11 +100,11 @@ func statusFlags(status []byte) Flags {
 	return 0
 }
 
-func responsesOutput(s *scanner, c *Chunk) {
-	if !s.array() {
+func responsesOutput(s *Scanner, c *Chunk) {
+	if !s.Array() {
 		return
 	}
-	for s.elem() {
+	for s.Elem() {
 		c.Flags |= outputItem(s)
 	}
 }
@@ -113,22 +113,22 @@ func responsesOutput(s *scanner, c *Chunk) {
 // holds: text parts of a message are content, summary or content parts of
 // a reasoning item are reasoning, and a function call's name or arguments
 // are a tool call.
-func outputItem(s *scanner) Flags {
-	if !s.object() {
+func outputItem(s *Scanner) Flags {
+	if !s.Object() {
 		return 0
 	}
 	var typ []byte
 	text, call := false, false
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "type":
-			typ = s.str()
+			typ = s.Str()
 		case "content", "summary":
 			text = textParts(s) || text
 		case "name", "arguments", "input":
 			call = s.nonEmpty() || call
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	switch string(typ) {
@@ -144,21 +144,21 @@ func outputItem(s *scanner) Flags {
 
 // textParts consumes an array of content parts and reports whether any has
 // a non-empty text or refusal.
-func textParts(s *scanner) bool {
+func textParts(s *Scanner) bool {
 	found := false
-	if !s.array() {
+	if !s.Array() {
 		return false
 	}
-	for s.elem() {
-		if !s.object() {
+	for s.Elem() {
+		if !s.Object() {
 			continue
 		}
-		for k := s.key(); k != nil; k = s.key() {
+		for k := s.Key(); k != nil; k = s.Key() {
 			switch string(k) {
 			case "text", "refusal":
 				found = s.nonEmpty() || found
 			default:
-				s.skip()
+				s.Skip()
 			}
 		}
 	}

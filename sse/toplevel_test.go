@@ -13,7 +13,7 @@ import (
 // winning. ok is false when encoding/json cannot read b as an object.
 func topLevelReference(b []byte, key string) (val string, isString, ok bool) {
 	var m map[string]json.RawMessage
-	if json.Unmarshal(b, &m) != nil {
+	if json.Unmarshal(b, &m) != nil || m == nil { // null decodes into a map, as none
 		return "", false, false
 	}
 	v, found := m[key]
@@ -82,31 +82,26 @@ func TestTopLevelStringSkipsLargeBodies(t *testing.T) {
 	require.Zero(t, allocs)
 }
 
-// FuzzTopLevelString checks TopLevelString against encoding/json wherever
+// requireTopLevel checks TopLevelString against encoding/json wherever
 // encoding/json reads the input: the same string found (once its escapes
 // are decoded), or the same absence. Where encoding/json refuses the input
-// the scan may answer anything but must not panic.
-func FuzzTopLevelString(f *testing.F) {
-	for _, s := range topLevelSeeds {
-		f.Add([]byte(s))
+// the scan may answer anything but must not panic. FuzzScanner runs it.
+func requireTopLevel(t *testing.T, b []byte) {
+	raw, res := TopLevelString(b, "model")
+	want, isString, ok := topLevelReference(b, "model")
+	if !ok {
+		return
 	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		raw, res := TopLevelString(b, "model")
-		want, isString, ok := topLevelReference(b, "model")
-		if !ok {
-			return
-		}
-		switch res {
-		case KeyFound:
-			require.True(t, isString, "found a string where encoding/json has none: %q", b)
-			var got string
-			require.NoError(t, json.Unmarshal([]byte(`"`+string(raw)+`"`), &got), "raw %q", raw)
-			require.Equal(t, want, got, "input %q", b)
-		case KeyAbsent:
-			require.False(t, isString, "missed %q in %q", want, b)
-		case KeyUnknown:
-			// Allowed only for an escaped key: valid objects scan.
-			require.Contains(t, string(b), `\`, "a valid object without escapes left unknown: %q", b)
-		}
-	})
+	switch res {
+	case KeyFound:
+		require.True(t, isString, "found a string where encoding/json has none: %q", b)
+		var got string
+		require.NoError(t, json.Unmarshal([]byte(`"`+string(raw)+`"`), &got), "raw %q", raw)
+		require.Equal(t, want, got, "input %q", b)
+	case KeyAbsent:
+		require.False(t, isString, "missed %q in %q", want, b)
+	case KeyUnknown:
+		// Allowed only for an escaped key: valid objects scan.
+		require.Contains(t, string(b), `\`, "a valid object without escapes left unknown: %q", b)
+	}
 }

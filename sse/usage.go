@@ -45,13 +45,13 @@ func unknownTiming() Timing {
 // openaiUsage reads an OpenAI usage object. Chat and completions name the
 // counts prompt/completion, the Responses API input/output; both count
 // cached tokens inside the prompt.
-func openaiUsage(s *scanner, c *Chunk) {
-	if !s.object() {
+func openaiUsage(s *Scanner, c *Chunk) {
+	if !s.Object() {
 		return
 	}
 	c.Flags |= FlagUsage
 	u := &c.Usage
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "prompt_tokens", "input_tokens":
 			u.PromptTokens = s.int()
@@ -62,7 +62,7 @@ func openaiUsage(s *scanner, c *Chunk) {
 		case "completion_tokens_details", "output_tokens_details":
 			u.ReasoningTokens = intField(s, "reasoning_tokens")
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 }
@@ -70,13 +70,13 @@ func openaiUsage(s *scanner, c *Chunk) {
 // anthropicUsage reads an Anthropic usage object. Its input_tokens excludes
 // cache reads and writes, so the prompt is the sum of the three
 // (docs.anthropic.com, "Prompt caching", tracking cache performance).
-func anthropicUsage(s *scanner, c *Chunk) {
-	if !s.object() {
+func anthropicUsage(s *Scanner, c *Chunk) {
+	if !s.Object() {
 		return
 	}
 	c.Flags |= FlagUsage
 	input, read, created := int64(-1), int64(-1), int64(-1)
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "input_tokens":
 			input = s.int()
@@ -87,7 +87,7 @@ func anthropicUsage(s *scanner, c *Chunk) {
 		case "output_tokens":
 			c.Usage.CompletionTokens = s.int()
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	if input >= 0 {
@@ -100,14 +100,14 @@ func anthropicUsage(s *scanner, c *Chunk) {
 // --enable-per-request-metrics). It reports time_to_first_token_ms and
 // queue_time_ms; prefill is their difference unless a prefill_time_ms is
 // given.
-func vllmMetrics(s *scanner, c *Chunk) {
-	if !s.object() {
+func vllmMetrics(s *Scanner, c *Chunk) {
+	if !s.Object() {
 		return
 	}
 	c.Flags |= FlagTiming
 	t := &c.Timing
 	ttft := -1.0
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "queue_time_ms":
 			t.QueueMs = s.float()
@@ -116,7 +116,7 @@ func vllmMetrics(s *scanner, c *Chunk) {
 		case "time_to_first_token_ms":
 			ttft = s.float()
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	if t.PrefillMs < 0 && ttft >= 0 && t.QueueMs >= 0 {
@@ -126,35 +126,35 @@ func vllmMetrics(s *scanner, c *Chunk) {
 
 // llamaTimings reads llama.cpp's "timings" object: prompt_ms is the prompt
 // evaluation time and cache_n the prompt tokens reused from the slot's cache.
-func llamaTimings(s *scanner, c *Chunk) {
-	if !s.object() {
+func llamaTimings(s *Scanner, c *Chunk) {
+	if !s.Object() {
 		return
 	}
 	c.Flags |= FlagTiming
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "prompt_ms":
 			c.Timing.PrefillMs = s.float()
 		case "cache_n":
 			c.Timing.CachedTokens = s.int()
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 }
 
 // intField consumes a value and returns the integer under name if the value
 // is an object that has one, or -1.
-func intField(s *scanner, name string) int64 {
+func intField(s *Scanner, name string) int64 {
 	n := int64(-1)
-	if !s.object() {
+	if !s.Object() {
 		return n
 	}
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		if string(k) == name {
 			n = s.int()
 		} else {
-			s.skip()
+			s.Skip()
 		}
 	}
 	return n

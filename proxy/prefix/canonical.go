@@ -1,6 +1,10 @@
 package prefix
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/anvilproxy/anvilproxy/sse"
+)
 
 // maxDepth bounds the nesting compact follows; deeper JSON is an unknown
 // shape rather than a deep recursion.
@@ -46,11 +50,11 @@ func (c *canon) fail(r UntrackedReason) {
 // segment writes the canonical text of the value at s as src.form says,
 // and records where the value and the text are. It reports false for a
 // null value, which is no segment, and on errors.
-func (c *canon) segment(s *scanner, src *source) bool {
-	if s.null() {
+func (c *canon) segment(s *sse.Scanner, src *source) bool {
+	if s.Null() {
 		return false
 	}
-	src.start = s.i
+	src.start = s.Pos()
 	src.text = len(c.dst)
 	src.content = -1
 	src.pstart = len(c.parts)
@@ -65,11 +69,11 @@ func (c *canon) segment(s *scanner, src *source) bool {
 	case formPrompt:
 		c.prompt(s)
 	}
-	src.end, src.tend, src.pend = s.i, len(c.dst), len(c.parts)
+	src.end, src.tend, src.pend = s.Pos(), len(c.dst), len(c.parts)
 	if src.content < 0 {
 		src.content = src.tend - src.text
 	}
-	if s.bad {
+	if s.Bad() {
 		c.fail(UntrackedNotJSON)
 	}
 	return c.err == TrackedOK
@@ -78,19 +82,19 @@ func (c *canon) segment(s *scanner, src *source) bool {
 // element writes one message or Responses item and returns its role and
 // the length of its content text. Content goes first whatever the member
 // order, so the other members wait in c.rest.
-func (c *canon) element(s *scanner) (Role, int) {
-	if !s.object() {
+func (c *canon) element(s *sse.Scanner) (Role, int) {
+	if !s.Object() {
 		c.fail(UntrackedUnknownShape)
 		return RoleOther, 0
 	}
 	start, rest := len(c.dst), len(c.rest)
 	role, hasRole := RoleOther, false
 	var typ []byte
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch string(k) {
 		case "role":
-			r, ok := s.str()
-			role, hasRole = roleOf(r), ok
+			r := s.Str()
+			role, hasRole = roleOf(r), r != nil
 			continue
 		case "content", "output":
 			if len(c.path) == 0 {
@@ -99,11 +103,11 @@ func (c *canon) element(s *scanner) (Role, int) {
 			}
 		}
 		if !c.push(k) {
-			s.skip()
+			s.Skip()
 			c.pop()
 			continue
 		}
-		vstart := s.i
+		vstart := s.Pos()
 		c.dst, c.rest = c.rest, c.dst
 		c.dst = append(c.dst, sepMember)
 		c.dst = append(c.dst, k...)
@@ -112,8 +116,8 @@ func (c *canon) element(s *scanner) (Role, int) {
 		c.dst, c.rest = c.rest, c.dst
 		c.pop()
 		if string(k) == "type" {
-			t := scanner{b: s.b[:s.i], i: vstart}
-			typ, _ = t.str()
+			t := sse.NewScanner(s.Since(vstart))
+			typ = t.Str()
 		}
 	}
 	content := len(c.dst) - start
@@ -127,14 +131,14 @@ func (c *canon) element(s *scanner) (Role, int) {
 
 // text writes a content value: a string decoded, an array part by part,
 // null as nothing, anything else as compact JSON.
-func (c *canon) text(s *scanner) {
-	switch s.ws() {
+func (c *canon) text(s *sse.Scanner) {
+	switch s.Peek() {
 	case '"':
 		c.str(s)
 	case '[':
-		s.array()
-		for s.elem() {
-			switch s.ws() {
+		s.Array()
+		for s.Elem() {
+			switch s.Peek() {
 			case '"':
 				c.str(s)
 			case '{':
@@ -144,7 +148,7 @@ func (c *canon) text(s *scanner) {
 			}
 		}
 	default:
-		if !s.null() {
+		if !s.Null() {
 			c.compact(s, 0)
 		}
 	}
@@ -154,20 +158,20 @@ func (c *canon) text(s *scanner) {
 // ("text", "input_text", "output_text"), else the part as compact JSON.
 // The text is decoded as it is met and taken back if the part turns out
 // not to be text.
-func (c *canon) part(s *scanner) {
-	start, mark := s.i, len(c.dst)
-	s.object()
+func (c *canon) part(s *sse.Scanner) {
+	start, mark := s.Pos(), len(c.dst)
+	s.Object()
 	var typ []byte
 	isText := false
-	for k := s.key(); k != nil; k = s.key() {
+	for k := s.Key(); k != nil; k = s.Key() {
 		switch {
 		case string(k) == "type":
-			typ, _ = s.str()
-		case string(k) == "text" && !isText && s.ws() == '"':
+			typ = s.Str()
+		case string(k) == "text" && !isText && s.Peek() == '"':
 			c.str(s)
 			isText = true
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	if isText {
@@ -177,17 +181,17 @@ func (c *canon) part(s *scanner) {
 		}
 	}
 	c.dst = c.dst[:mark]
-	whole := scanner{b: s.b[:s.i], i: start}
+	whole := sse.NewScanner(s.Since(start))
 	c.compact(&whole, 1)
 }
 
-func (c *canon) tools(s *scanner, base int) {
-	if !s.array() {
+func (c *canon) tools(s *sse.Scanner, base int) {
+	if !s.Array() {
 		c.fail(UntrackedUnknownShape)
 		return
 	}
 	first := len(c.parts)
-	for s.elem() {
+	for s.Elem() {
 		if len(c.parts) > first {
 			c.dst = append(c.dst, sepTool)
 		}
@@ -198,53 +202,62 @@ func (c *canon) tools(s *scanner, base int) {
 
 // prompt writes a completions prompt: a string, a one-string array, or an
 // array of token ids. A batch of several prompts is not one prefix.
-func (c *canon) prompt(s *scanner) {
-	switch s.ws() {
+func (c *canon) prompt(s *sse.Scanner) {
+	switch s.Peek() {
 	case '"':
 		c.str(s)
 		return
 	case '[':
 	default:
 		c.fail(UntrackedUnknownShape)
-		s.skip()
+		s.Skip()
 		return
 	}
-	start := s.i
-	s.array()
-	if !s.elem() {
+	start := s.Pos()
+	s.Array()
+	if !s.Elem() {
 		c.fail(UntrackedUnknownShape)
 		return
 	}
-	switch s.ws() {
+	switch s.Peek() {
 	case '"':
 		c.str(s)
-		if s.elem() {
+		if s.Elem() {
 			c.fail(UntrackedUnknownShape)
-			s.fail()
+			s.Fail()
 		}
 	case '[', '{':
 		c.fail(UntrackedUnknownShape)
-		s.fail()
+		s.Fail()
 	default:
-		s.i = start
+		s.Seek(start)
 		c.compact(s, 0)
+	}
+}
+
+// str decodes the string at s into c.dst. A broken string or escape is
+// not JSON.
+func (c *canon) str(s *sse.Scanner) {
+	c.dst = s.AppendString(c.dst)
+	if s.Bad() {
+		c.fail(UntrackedNotJSON)
 	}
 }
 
 // compact writes one value as compact JSON: whitespace between tokens
 // dropped, strings and numbers byte for byte, members in the order sent.
-func (c *canon) compact(s *scanner, depth int) {
+func (c *canon) compact(s *sse.Scanner, depth int) {
 	if depth > maxDepth {
 		c.fail(UntrackedUnknownShape)
-		s.fail()
+		s.Fail()
 		return
 	}
-	switch s.ws() {
+	switch s.Peek() {
 	case '{':
-		s.i++
+		s.Object()
 		c.dst = append(c.dst, '{')
 		n := 0
-		for k := s.key(); k != nil; k = s.key() {
+		for k := s.Key(); k != nil; k = s.Key() {
 			if c.push(k) {
 				if n > 0 {
 					c.dst = append(c.dst, ',')
@@ -255,15 +268,15 @@ func (c *canon) compact(s *scanner, depth int) {
 				c.dst = append(c.dst, '"', ':')
 				c.compact(s, depth+1)
 			} else {
-				s.skip()
+				s.Skip()
 			}
 			c.pop()
 		}
 		c.dst = append(c.dst, '}')
 	case '[':
-		s.i++
+		s.Array()
 		c.dst = append(c.dst, '[')
-		for n := 0; s.elem(); n++ {
+		for n := 0; s.Elem(); n++ {
 			if n > 0 {
 				c.dst = append(c.dst, ',')
 			}
@@ -272,12 +285,10 @@ func (c *canon) compact(s *scanner, depth int) {
 		c.dst = append(c.dst, ']')
 	case '"':
 		c.dst = append(c.dst, '"')
-		c.dst = append(c.dst, s.quoted()...)
+		c.dst = append(c.dst, s.Str()...)
 		c.dst = append(c.dst, '"')
-	case 0, '}', ']', ',', ':':
-		s.fail()
-	default:
-		c.dst = append(c.dst, s.scalar()...)
+	default: // a number or a literal; Scalar fails on anything else
+		c.dst = append(c.dst, s.Scalar()...)
 	}
 }
 

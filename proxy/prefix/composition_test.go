@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anvilproxy/anvilproxy/sse"
 	"github.com/stretchr/testify/require"
 )
 
@@ -31,28 +32,28 @@ func TestComposition(t *testing.T) {
 	toolsBytes := int64(len(t1) + 1 + len(t2))
 	for _, c := range []struct {
 		name  string
-		proto Protocol
+		proto sse.Protocol
 		body  string
 		want  parts
 	}{
-		{"first turn: all messages are the last turn", ProtocolChat, chat(msg("user", u1)),
+		{"first turn: all messages are the last turn", sse.ProtocolChat, chat(msg("user", u1)),
 			parts{int64(len(sys)), toolsBytes, 0, int64(len(u1))}},
-		{"history up to the last assistant message", ProtocolChat, chat(msg("user", u1), msg("assistant", a1), msg("user", u2)),
+		{"history up to the last assistant message", sse.ProtocolChat, chat(msg("user", u1), msg("assistant", a1), msg("user", u2)),
 			parts{int64(len(sys)), toolsBytes, int64(len(u1) + len(a1)), int64(len(u2))}},
-		{"a trailing assistant message leaves no last turn", ProtocolChat, chat(msg("user", u1), msg("assistant", a1)),
+		{"a trailing assistant message leaves no last turn", sse.ProtocolChat, chat(msg("user", u1), msg("assistant", a1)),
 			parts{int64(len(sys)), toolsBytes, int64(len(u1) + len(a1)), 0}},
-		{"several messages after the assistant", ProtocolChat, chat(msg("user", u1), msg("assistant", a1), msg("user", u2), msg("user", u1)),
+		{"several messages after the assistant", sse.ProtocolChat, chat(msg("user", u1), msg("assistant", a1), msg("user", u2), msg("user", u1)),
 			parts{int64(len(sys)), toolsBytes, int64(len(u1) + len(a1)), int64(len(u2) + len(u1))}},
-		{"anthropic system field", ProtocolMessages,
+		{"anthropic system field", sse.ProtocolMessages,
 			fmt.Sprintf(`{"model":"m","max_tokens":9,"system":%q,"messages":[%s,%s,%s]}`, sys, msg("user", u1), msg("assistant", a1), msg("user", u2)),
 			parts{int64(len(sys)), 0, int64(len(u1) + len(a1)), int64(len(u2))}},
-		{"completions have no parts", ProtocolCompletions, fmt.Sprintf(`{"model":"m","prompt":%q}`, sys), parts{}},
+		{"completions have no parts", sse.ProtocolCompletions, fmt.Sprintf(`{"model":"m","prompt":%q}`, sys), parts{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := newTracker(t, Config{}).Observe(c.proto, []byte(c.body), t0)
 			require.True(t, r.Tracked)
 			require.Equal(t, c.want, partsOf(r))
-			if c.proto != ProtocolCompletions {
+			if c.proto != sse.ProtocolCompletions {
 				require.Equal(t, r.PromptBytes, r.SystemBytes+r.ToolsBytes+r.HistoryBytes+r.LastTurnBytes)
 			}
 		})
@@ -66,7 +67,7 @@ func TestCompositionResponses(t *testing.T) {
 		`{"role":"user","content":"Which files import the parser package today?"},` +
 		`{"type":"function_call","call_id":"c1","name":"grep","arguments":"{\"q\":\"parse\"}"},` +
 		`{"type":"function_call_output","call_id":"c1","output":"a.go b.go"}]}`
-	r := newTracker(t, Config{}).Observe(ProtocolResponses, []byte(body), t0)
+	r := newTracker(t, Config{}).Observe(sse.ProtocolResponses, []byte(body), t0)
 	require.True(t, r.Tracked)
 	require.Equal(t, int64(len("Be brief and precise in every answer.")), r.SystemBytes)
 	require.Zero(t, r.ToolsBytes)

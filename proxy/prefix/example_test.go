@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
+	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 func Example() {
@@ -23,9 +24,9 @@ func Example() {
 
 	// After each response: observe the request, then compare with the
 	// engine's usage (here: 60 prompt tokens, 2 cached).
-	tr.Observe(prefix.ProtocolChat, body("2025-06-01T10:00:00Z", ""), now)
-	tr.Observe(prefix.ProtocolChat, body("2025-06-01T10:00:00Z", turn), now)
-	r := tr.Observe(prefix.ProtocolChat, body("2025-06-01T10:05:00Z", turn+strings.Replace(turn, "0.01s", "0.02s", 1)), now)
+	tr.Observe(sse.ProtocolChat, body("2025-06-01T10:00:00Z", ""), now)
+	tr.Observe(sse.ProtocolChat, body("2025-06-01T10:00:00Z", turn), now)
+	r := tr.Observe(sse.ProtocolChat, body("2025-06-01T10:05:00Z", turn+strings.Replace(turn, "0.01s", "0.02s", 1)), now)
 	tr.Cache(&r, 60, 2)
 
 	// The system prompt drifted at the changed minute, byte 45 of its text

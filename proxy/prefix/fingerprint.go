@@ -190,6 +190,12 @@ func masked(text, dbuf, wbuf []byte) (dNew, wNew, d, w []byte) {
 	return dbuf, wbuf, dbuf[:i], wbuf[:j]
 }
 
+// SWAR constants: ones has 1 in every byte, highs the high bit of every byte.
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
 // below returns a mask with the high bit set in each byte of x that is
 // less than n (n <= 128); exact, with no carries between bytes.
 func below(x uint64, n byte) uint64 {

@@ -2,6 +2,8 @@ package prefix
 
 import (
 	"testing"
+
+	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 // FuzzObserve checks that no body makes Observe panic or break its
@@ -24,7 +26,7 @@ func FuzzObserve(f *testing.F) {
 		`{}`, `[]`, `null`, ``, `{"`,
 	}
 	for _, s := range seeds {
-		for p := range Protocol(5) {
+		for p := range sse.Protocol(5) {
 			f.Add(uint8(p), []byte(s))
 		}
 	}
@@ -33,7 +35,7 @@ func FuzzObserve(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, proto uint8, body []byte) {
-		r := tr.Observe(Protocol(proto%5), body, t0)
+		r := tr.Observe(sse.Protocol(proto%5), body, t0)
 		if !r.Tracked {
 			if r.Untracked == TrackedOK || r.Reuse != -1 {
 				t.Fatalf("untracked without reason: %+v", r)
@@ -51,7 +53,7 @@ func FuzzObserve(f *testing.F) {
 		}
 		// A second identical request is a full reuse unless the cap is too
 		// small to keep it.
-		if r2 := tr.Observe(Protocol(proto%5), body, t0); r2.Drift.Happened {
+		if r2 := tr.Observe(sse.Protocol(proto%5), body, t0); r2.Drift.Happened {
 			t.Fatalf("repeat drifted: %+v", r2)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anvilproxy/anvilproxy/sse"
 	"github.com/stretchr/testify/require"
 )
 
@@ -118,7 +119,7 @@ func run(t *testing.T, tr *Tracker, c *conv, turns int, edit func(turn int, c *c
 		if edit != nil {
 			edit(i, c)
 		}
-		out = append(out, tr.Observe(ProtocolChat, c.body(t), t0.Add(time.Duration(i)*time.Minute)))
+		out = append(out, tr.Observe(sse.ProtocolChat, c.body(t), t0.Add(time.Duration(i)*time.Minute)))
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/anvilproxy/anvilproxy/sse"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,7 +46,7 @@ func TestIndexStaysUnderCap(t *testing.T) {
 	bodies := make([][]byte, 60)
 	for i := range bodies {
 		bodies[i] = chatBody(t, words(r, 20<<10), words(r, 30<<10), words(r, 200), words(r, 10<<10))
-		res := tr.Observe(ProtocolChat, bodies[i], t0)
+		res := tr.Observe(sse.ProtocolChat, bodies[i], t0)
 		require.True(t, res.Tracked)
 		s := tr.Stats()
 		require.LessOrEqual(t, s.IndexBytes, int64(capBytes))
@@ -56,8 +57,8 @@ func TestIndexStaysUnderCap(t *testing.T) {
 	require.Greater(t, s.IndexBytes, int64(capBytes/2), "eviction keeps the index full, not empty")
 
 	// The newest prompt is remembered, the oldest is gone.
-	require.Equal(t, 1.0, tr.Observe(ProtocolChat, bodies[len(bodies)-1], t0).Reuse)
-	require.Less(t, tr.Observe(ProtocolChat, bodies[0], t0).Reuse, 0.01)
+	require.Equal(t, 1.0, tr.Observe(sse.ProtocolChat, bodies[len(bodies)-1], t0).Reuse)
+	require.Less(t, tr.Observe(sse.ProtocolChat, bodies[0], t0).Reuse, 0.01)
 }
 
 func TestIndexTinyCap(t *testing.T) {
@@ -66,7 +67,7 @@ func TestIndexTinyCap(t *testing.T) {
 	c := newConv(task)
 	for i := range 3 {
 		c.turn(i + 1)
-		r := tr.Observe(ProtocolChat, c.body(t), t0)
+		r := tr.Observe(sse.ProtocolChat, c.body(t), t0)
 		require.Zero(t, r.ReusableBytes)
 		s := tr.Stats()
 		require.LessOrEqual(t, s.IndexBytes, int64(100))
@@ -97,11 +98,11 @@ func TestIndexAccountingMatchesHeap(t *testing.T) {
 	}
 	tr := newTracker(t, Config{})
 	for _, b := range bodies[:2] { // warm the pool and the maps' first tables
-		tr.Observe(ProtocolChat, b, t0)
+		tr.Observe(sse.ProtocolChat, b, t0)
 	}
 	before, acc := heap(), tr.Stats().IndexBytes
 	for _, b := range bodies[2:] {
-		tr.Observe(ProtocolChat, b, t0)
+		tr.Observe(sse.ProtocolChat, b, t0)
 	}
 	grew, accounted := heap()-before, tr.Stats().IndexBytes-acc
 	runtime.KeepAlive(bodies)
@@ -123,7 +124,7 @@ func TestConcurrentObserve(t *testing.T) {
 				if i%7 == 3 {
 					c.system = systemPrompt(fmt.Sprintf("2025-06-01T10:%02d:00Z", i))
 				}
-				r := tr.Observe(ProtocolChat, c.body(t), t0)
+				r := tr.Observe(sse.ProtocolChat, c.body(t), t0)
 				tr.Cache(&r, r.PromptBytes/4, r.ReusableTokensEst)
 				tr.RecentDrifts(3)
 				tr.Stats()

@@ -1,5 +1,7 @@
 package prefix
 
+import "github.com/anvilproxy/anvilproxy/sse"
+
 // form says how a source's JSON value becomes canonical text.
 type form uint8
 
@@ -31,26 +33,26 @@ type source struct {
 //
 // Request members that do not reach the engine's prefix cache (model,
 // temperature, stream, max_tokens, metadata, user…) are skipped.
-func (c *canon) parse(proto Protocol, body []byte, out []source) ([]source, UntrackedReason) {
+func (c *canon) parse(proto sse.Protocol, body []byte, out []source) ([]source, UntrackedReason) {
 	c.dst, c.parts, c.err = c.dst[:0], c.parts[:0], TrackedOK
-	s := scanner{b: body}
-	if !s.object() {
+	s := sse.NewScanner(body)
+	if !s.Object() {
 		return out, UntrackedNotJSON
 	}
 	first := len(out)
 	lead := -1 // where leading system messages end in out
 	var head, tools, funcs source
 	hasHead, stateful := false, false
-	for k := s.key(); k != nil && c.err == TrackedOK; k = s.key() {
+	for k := s.Key(); k != nil && c.err == TrackedOK; k = s.Key() {
 		switch member(proto, k) {
 		case memberList:
-			if lead >= 0 || s.ws() != '[' {
+			if lead >= 0 || s.Peek() != '[' {
 				c.fail(UntrackedUnknownShape)
 				break
 			}
 			out, lead = c.list(&s, out)
 		case memberInput: // Responses input: an item list or a string
-			if s.ws() == '[' {
+			if s.Peek() == '[' {
 				if lead >= 0 {
 					c.fail(UntrackedUnknownShape)
 					break
@@ -77,22 +79,22 @@ func (c *canon) parse(proto Protocol, body []byte, out []source) ([]source, Untr
 				out = append(out, src)
 			}
 		case memberState:
-			stateful = stateful || !s.null()
-			s.skip()
+			stateful = stateful || !s.Null()
+			s.Skip()
 		default:
-			s.skip()
+			s.Skip()
 		}
 	}
 	switch {
 	case c.err != TrackedOK:
 		return out[:first], c.err
-	case s.bad || s.ws() != 0:
+	case s.Bad() || s.Peek() != 0:
 		return out[:first], UntrackedNotJSON
 	case stateful:
 		return out[:first], UntrackedStateful
 	}
 	if lead < 0 {
-		if proto == ProtocolChat || proto == ProtocolMessages {
+		if proto == sse.ProtocolChat || proto == sse.ProtocolMessages {
 			return out[:first], UntrackedUnknownShape // no messages
 		}
 		lead = len(out)
@@ -131,9 +133,9 @@ const (
 	memberState
 )
 
-func member(proto Protocol, k []byte) int {
+func member(proto sse.Protocol, k []byte) int {
 	switch proto {
-	case ProtocolChat:
+	case sse.ProtocolChat:
 		switch string(k) {
 		case "messages":
 			return memberList
@@ -142,7 +144,7 @@ func member(proto Protocol, k []byte) int {
 		case "functions":
 			return memberFunctions
 		}
-	case ProtocolResponses:
+	case sse.ProtocolResponses:
 		switch string(k) {
 		case "input":
 			return memberInput
@@ -154,7 +156,7 @@ func member(proto Protocol, k []byte) int {
 			// Server-side state: the body holds only the new turn.
 			return memberState
 		}
-	case ProtocolMessages:
+	case sse.ProtocolMessages:
 		switch string(k) {
 		case "messages":
 			return memberList
@@ -163,7 +165,7 @@ func member(proto Protocol, k []byte) int {
 		case "tools":
 			return memberTools
 		}
-	case ProtocolCompletions:
+	case sse.ProtocolCompletions:
 		if string(k) == "prompt" {
 			return memberPrompt
 		}
@@ -174,11 +176,11 @@ func member(proto Protocol, k []byte) int {
 // list appends one source per element of the array at s. Leading system
 // and developer messages become system segments; it returns where they end
 // in out.
-func (c *canon) list(s *scanner, out []source) ([]source, int) {
-	s.array()
+func (c *canon) list(s *sse.Scanner, out []source) ([]source, int) {
+	s.Array()
 	leading := true
 	lead := len(out)
-	for i := 0; s.elem(); i++ {
+	for i := 0; s.Elem(); i++ {
 		src := source{kind: SegmentMessage, form: formElement, index: i}
 		if !c.segment(s, &src) {
 			return out, lead

@@ -5,11 +5,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anvilproxy/anvilproxy/sse"
 	"github.com/stretchr/testify/require"
 )
 
 // segments returns the canonical segments of body as "kind/role/index: text".
-func segments(t *testing.T, tr *Tracker, proto Protocol, body string) []string {
+func segments(t *testing.T, tr *Tracker, proto sse.Protocol, body string) []string {
 	t.Helper()
 	sc := &scratch{proto: proto}
 	require.Equal(t, TrackedOK, tr.build(sc, []byte(body)))
@@ -25,12 +26,12 @@ func TestCanonicalSegments(t *testing.T) {
 	tr := newTracker(t, Config{VolatileFields: []string{"id"}})
 	for _, tc := range []struct {
 		name  string
-		proto Protocol
+		proto sse.Protocol
 		body  string
 		want  []string
 	}{{
 		name:  "chat",
-		proto: ProtocolChat,
+		proto: sse.ProtocolChat,
 		body: `{"model":"m","stream":true,"tools":[ {"type":"function", "function":{"name":"a"}}, {"type":"function","function":{"name":"b"}} ],
 			"messages":[
 				{"role":"system","content":"sys\u00e9 \"q\""},
@@ -51,7 +52,7 @@ func TestCanonicalSegments(t *testing.T) {
 		},
 	}, {
 		name:  "responses",
-		proto: ProtocolResponses,
+		proto: sse.ProtocolResponses,
 		body: `{"model":"m","instructions":"be brief","tools":[{"type":"function","name":"sh"}],"input":[
 				{"role":"developer","content":"dev"},
 				{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},
@@ -70,12 +71,12 @@ func TestCanonicalSegments(t *testing.T) {
 		},
 	}, {
 		name:  "responses string input",
-		proto: ProtocolResponses,
+		proto: sse.ProtocolResponses,
 		body:  `{"input":"hello"}`,
 		want:  []string{`message/user/0: hello`},
 	}, {
 		name:  "anthropic",
-		proto: ProtocolMessages,
+		proto: sse.ProtocolMessages,
 		body: `{"model":"m","max_tokens":10,"metadata":{"user_id":"u"},
 			"system":[{"type":"text","text":"sys","cache_control":{"type":"ephemeral"}},{"type":"text","text":" more"}],
 			"tools":[{"name":"t","input_schema":{},"cache_control":{"type":"ephemeral"}}],
@@ -93,12 +94,12 @@ func TestCanonicalSegments(t *testing.T) {
 		},
 	}, {
 		name:  "completions",
-		proto: ProtocolCompletions,
+		proto: sse.ProtocolCompletions,
 		body:  `{"prompt":["once upon"],"max_tokens":5}`,
 		want:  []string{`prompt/none/0: once upon`},
 	}, {
 		name:  "completions token ids",
-		proto: ProtocolCompletions,
+		proto: sse.ProtocolCompletions,
 		body:  `{"prompt":[1, 2, 3]}`,
 		want:  []string{`prompt/none/0: [1,2,3]`},
 	}} {
@@ -111,17 +112,17 @@ func TestCanonicalSegments(t *testing.T) {
 func TestCompletionsChunks(t *testing.T) {
 	tr := newTracker(t, Config{})
 	text := strings.Repeat("0123456789abcdef", 600) // 9600 bytes: chunks of 4096, 4096, 1408
-	got := segments(t, tr, ProtocolCompletions, `{"prompt":"`+text+`"}`)
+	got := segments(t, tr, sse.ProtocolCompletions, `{"prompt":"`+text+`"}`)
 	require.Len(t, got, 3)
 
 	// A prompt that grows is reused up to its old end; an edit in the
 	// second chunk is a drift at its offset in the whole prompt.
-	r0 := tr.Observe(ProtocolCompletions, []byte(`{"prompt":"`+text+`"}`), t0)
-	r1 := tr.Observe(ProtocolCompletions, []byte(`{"prompt":"`+text+` and more"}`), t0)
+	r0 := tr.Observe(sse.ProtocolCompletions, []byte(`{"prompt":"`+text+`"}`), t0)
+	r1 := tr.Observe(sse.ProtocolCompletions, []byte(`{"prompt":"`+text+` and more"}`), t0)
 	require.False(t, r1.Drift.Happened)
 	require.Equal(t, r0.PromptBytes, r1.ReusableBytes)
 	edited := text[:5000] + "X" + text[5001:] + " and more"
-	r2 := tr.Observe(ProtocolCompletions, []byte(`{"prompt":"`+edited+`"}`), t0)
+	r2 := tr.Observe(sse.ProtocolCompletions, []byte(`{"prompt":"`+edited+`"}`), t0)
 	require.True(t, r2.Drift.Happened)
 	require.Equal(t, SegmentPrompt, r2.Drift.Segment)
 	require.Equal(t, int64(5000), r2.Drift.Offset)
@@ -145,7 +146,7 @@ func TestAnthropicCacheControlMovesWithoutDrift(t *testing.T) {
 		last := marked[len(marked)-1]
 		marked[len(marked)-1] = strings.Replace(last, `"}]}`, `","cache_control":{"type":"ephemeral"}}]}`, 1)
 		body := `{"model":"claude","system":[{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],"messages":[` + strings.Join(marked, ",") + `]}`
-		r := tr.Observe(ProtocolMessages, []byte(body), t0)
+		r := tr.Observe(sse.ProtocolMessages, []byte(body), t0)
 		require.True(t, r.Tracked, body)
 		require.False(t, r.Drift.Happened, "turn %d: %+v", i, r.Drift)
 		require.Equal(t, i, r.Turn)
@@ -163,7 +164,7 @@ func TestResponsesConversation(t *testing.T) {
 				fmt.Sprintf(`{"type":"function_call_output","call_id":"c%d","output":"file%d"}`, i, i))
 		}
 		body := `{"model":"gpt","instructions":"You are Codex.","tools":[{"type":"function","name":"sh"}],"input":[` + strings.Join(items, ",") + `],"store":false}`
-		r := tr.Observe(ProtocolResponses, []byte(body), t0)
+		r := tr.Observe(sse.ProtocolResponses, []byte(body), t0)
 		require.False(t, r.Drift.Happened)
 		if i > 0 {
 			require.Equal(t, prev.PromptBytes, r.ReusableBytes)

@@ -76,6 +76,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 // Defaults for the zero Config.
@@ -192,7 +194,7 @@ func New(cfg Config) (*Tracker, error) {
 // index, records it, and returns what it found. body is only read during
 // the call. Its cost grows with the body; call it after the response, off
 // the streaming path.
-func (t *Tracker) Observe(proto Protocol, body []byte, at time.Time) Result {
+func (t *Tracker) Observe(proto sse.Protocol, body []byte, at time.Time) Result {
 	if len(body) > t.cfg.MaxBodyBytes {
 		return t.untracked(UntrackedTooLarge)
 	}

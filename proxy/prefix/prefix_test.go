@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anvilproxy/anvilproxy/sse"
 	"github.com/stretchr/testify/require"
 )
 
@@ -242,8 +243,8 @@ func TestInterleavedConversations(t *testing.T) {
 			a.turn(i)
 			b.turn(i + 100)
 		}
-		ra = append(ra, tr.Observe(ProtocolChat, a.body(t), t0))
-		rb = append(rb, tr.Observe(ProtocolChat, b.body(t), t0))
+		ra = append(ra, tr.Observe(sse.ProtocolChat, a.body(t), t0))
+		rb = append(rb, tr.Observe(sse.ProtocolChat, b.body(t), t0))
 	}
 	require.Empty(t, drifts(ra))
 	require.Empty(t, drifts(rb))
@@ -266,11 +267,11 @@ func TestRewindIsNotDrift(t *testing.T) {
 	c := newConv(task)
 	rs := run(t, tr, c, 5, nil)
 	short := &conv{system: c.system, tools: c.tools, msgs: append([]chatMsg(nil), c.msgs[:3]...)}
-	r := tr.Observe(ProtocolChat, short.body(t), t0)
+	r := tr.Observe(sse.ProtocolChat, short.body(t), t0)
 	require.False(t, r.Drift.Happened)
 	require.Equal(t, r.PromptBytes, r.ReusableBytes)
 	short.turn(77)
-	r = tr.Observe(ProtocolChat, short.body(t), t0)
+	r = tr.Observe(sse.ProtocolChat, short.body(t), t0)
 	require.False(t, r.Drift.Happened)
 	require.Equal(t, rs[0].ConversationID, r.ConversationID)
 }
@@ -278,27 +279,27 @@ func TestRewindIsNotDrift(t *testing.T) {
 func TestUntracked(t *testing.T) {
 	tr := newTracker(t, Config{MaxBodyBytes: 1 << 10})
 	for _, tc := range []struct {
-		proto Protocol
+		proto sse.Protocol
 		body  string
 		want  UntrackedReason
 	}{
-		{ProtocolChat, "", UntrackedNotJSON},
-		{ProtocolChat, "hello", UntrackedNotJSON},
-		{ProtocolChat, `{"messages":[{"role":"user","content":"hi"}]`, UntrackedNotJSON},
-		{ProtocolChat, `{"messages":[{"role":"user","content":"hi"}]} x`, UntrackedNotJSON},
-		{ProtocolChat, `{"messages":[{"role":"user","content":"bad \q escape"}]}`, UntrackedNotJSON},
-		{ProtocolChat, `[1,2]`, UntrackedNotJSON},
-		{ProtocolChat, `{"model":"m"}`, UntrackedUnknownShape},
-		{ProtocolChat, `{"messages":[]}`, UntrackedUnknownShape},
-		{ProtocolChat, `{"messages":[],"tools":[{"type":"function"}]}`, UntrackedUnknownShape},
-		{ProtocolChat, `{"tools":[{"type":"function"}]}`, UntrackedUnknownShape},
-		{ProtocolChat, `{"messages":"hi"}`, UntrackedUnknownShape},
-		{ProtocolChat, `{"messages":[1]}`, UntrackedUnknownShape},
-		{ProtocolCompletions, `{"prompt":["a","b"]}`, UntrackedUnknownShape},
-		{ProtocolCompletions, `{"prompt":[[1,2],[3]]}`, UntrackedUnknownShape},
-		{ProtocolResponses, `{"input":"hi","previous_response_id":"resp_1"}`, UntrackedStateful},
-		{ProtocolUnknown, `{"messages":[{"role":"user","content":"hi"}]}`, UntrackedUnknownShape},
-		{ProtocolChat, `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`, UntrackedTooLarge},
+		{sse.ProtocolChat, "", UntrackedNotJSON},
+		{sse.ProtocolChat, "hello", UntrackedNotJSON},
+		{sse.ProtocolChat, `{"messages":[{"role":"user","content":"hi"}]`, UntrackedNotJSON},
+		{sse.ProtocolChat, `{"messages":[{"role":"user","content":"hi"}]} x`, UntrackedNotJSON},
+		{sse.ProtocolChat, `{"messages":[{"role":"user","content":"bad \q escape"}]}`, UntrackedNotJSON},
+		{sse.ProtocolChat, `[1,2]`, UntrackedNotJSON},
+		{sse.ProtocolChat, `{"model":"m"}`, UntrackedUnknownShape},
+		{sse.ProtocolChat, `{"messages":[]}`, UntrackedUnknownShape},
+		{sse.ProtocolChat, `{"messages":[],"tools":[{"type":"function"}]}`, UntrackedUnknownShape},
+		{sse.ProtocolChat, `{"tools":[{"type":"function"}]}`, UntrackedUnknownShape},
+		{sse.ProtocolChat, `{"messages":"hi"}`, UntrackedUnknownShape},
+		{sse.ProtocolChat, `{"messages":[1]}`, UntrackedUnknownShape},
+		{sse.ProtocolCompletions, `{"prompt":["a","b"]}`, UntrackedUnknownShape},
+		{sse.ProtocolCompletions, `{"prompt":[[1,2],[3]]}`, UntrackedUnknownShape},
+		{sse.ProtocolResponses, `{"input":"hi","previous_response_id":"resp_1"}`, UntrackedStateful},
+		{sse.ProtocolUnknown, `{"messages":[{"role":"user","content":"hi"}]}`, UntrackedUnknownShape},
+		{sse.ProtocolChat, `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`, UntrackedTooLarge},
 	} {
 		r := tr.Observe(tc.proto, []byte(tc.body), t0)
 		require.Equal(t, Result{Untracked: tc.want, Reuse: -1}, r, "%s %q", tc.proto, tc.body)
@@ -357,9 +358,9 @@ func TestEvictedHistoryIsNotDrift(t *testing.T) {
 		c.turn(i + 1)
 		other.turn(i + 50)
 		other.system = systemPrompt(fmt.Sprintf("2025-06-01T11:%02d:00Z", i)) // churn the index
-		r := tr.Observe(ProtocolChat, c.body(t), t0)
+		r := tr.Observe(sse.ProtocolChat, c.body(t), t0)
 		require.False(t, r.Drift.Happened, "turn %d: %+v", i, r.Drift)
-		tr.Observe(ProtocolChat, other.body(t), t0)
+		tr.Observe(sse.ProtocolChat, other.body(t), t0)
 		require.LessOrEqual(t, tr.Stats().IndexBytes, int64(24<<10))
 	}
 	require.NotZero(t, tr.Stats().Evictions)
@@ -370,8 +371,8 @@ func TestRepeatedRequestIsFullReuse(t *testing.T) {
 	c := newConv(task)
 	c.turn(1)
 	c.msgs = append(c.msgs, c.msgs[1], c.msgs[2]) // the same segment twice in one prompt
-	r1 := tr.Observe(ProtocolChat, c.body(t), t0)
-	r2 := tr.Observe(ProtocolChat, c.body(t), t0)
+	r1 := tr.Observe(sse.ProtocolChat, c.body(t), t0)
+	r2 := tr.Observe(sse.ProtocolChat, c.body(t), t0)
 	require.False(t, r2.Drift.Happened)
 	require.Equal(t, r1.PromptBytes, r2.ReusableBytes)
 	require.Equal(t, 1.0, r2.Reuse)

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 // agentBody returns a realistic coding-agent chat body of about size bytes:
@@ -45,18 +47,18 @@ func BenchmarkObserve(b *testing.B) {
 		cpu := cpuTime()
 		for b.Loop() {
 			tr, _ := New(Config{})
-			tr.Observe(ProtocolChat, body, t0)
+			tr.Observe(sse.ProtocolChat, body, t0)
 		}
 		reportCPU(b, cpu)
 	})
 	b.Run("warm", func(b *testing.B) {
 		tr, _ := New(Config{})
-		tr.Observe(ProtocolChat, body, t0)
+		tr.Observe(sse.ProtocolChat, body, t0)
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
 		cpu := cpuTime()
 		for b.Loop() {
-			tr.Observe(ProtocolChat, body, t0)
+			tr.Observe(sse.ProtocolChat, body, t0)
 		}
 		reportCPU(b, cpu)
 	})
@@ -67,18 +69,18 @@ func BenchmarkObserve(b *testing.B) {
 		cpu := cpuTime()
 		for b.Loop() {
 			tr, _ := New(masks)
-			tr.Observe(ProtocolChat, body, t0)
+			tr.Observe(sse.ProtocolChat, body, t0)
 		}
 		reportCPU(b, cpu)
 	})
 	b.Run("masked-warm", func(b *testing.B) {
 		tr, _ := New(masks)
-		tr.Observe(ProtocolChat, body, t0)
+		tr.Observe(sse.ProtocolChat, body, t0)
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
 		cpu := cpuTime()
 		for b.Loop() {
-			tr.Observe(ProtocolChat, body, t0)
+			tr.Observe(sse.ProtocolChat, body, t0)
 		}
 		reportCPU(b, cpu)
 	})
@@ -95,7 +97,7 @@ func reportCPU(b *testing.B, start int64) {
 // share beyond parsing) over the segments of a 1 MiB agent prompt.
 func BenchmarkFingerprint(b *testing.B) {
 	tr, _ := New(Config{})
-	sc := &scratch{proto: ProtocolChat}
+	sc := &scratch{proto: sse.ProtocolChat}
 	if tr.build(sc, agentBody(b, 1<<20)) != TrackedOK {
 		b.Fatal("build")
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/anvilproxy/anvilproxy/sse"
 	"github.com/stretchr/testify/require"
 )
 
@@ -33,7 +34,7 @@ func TestCanaryNeverExported(t *testing.T) {
 		case 6:
 			c.msgs = c.msgs[3:]
 		}
-		r := tr.Observe(ProtocolChat, c.body(t), t0)
+		r := tr.Observe(sse.ProtocolChat, c.body(t), t0)
 		tr.Cache(&r, r.PromptBytes/4, 0)
 		results = append(results, r)
 	}

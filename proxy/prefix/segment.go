@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"hash/maphash"
 	"slices"
+
+	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 // volatilePlaceholder replaces each match of a volatile pattern.
@@ -33,7 +35,7 @@ type segment struct {
 
 // scratch holds one Observe call's buffers; pooled.
 type scratch struct {
-	proto Protocol
+	proto sse.Protocol
 	srcs  []source
 	segs  []segment
 	fps   []*fingerprint
@@ -121,7 +123,8 @@ func (t *Tracker) raw(c *canon, body []byte, src *source) uint64 {
 	case len(t.fields) == 0:
 		return t.segHash(src.kind, src.role, c.dst[src.text:src.tend])
 	}
-	s, again := scanner{b: body[:src.end], i: src.start}, *src
+	s, again := sse.NewScanner(body[:src.end]), *src
+	s.Seek(src.start)
 	c.drop = false
 	c.segment(&s, &again)
 	c.drop = true

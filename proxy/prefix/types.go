@@ -2,24 +2,6 @@ package prefix
 
 import "time"
 
-// Protocol is the request body shape Observe parses. The caller maps its
-// routes to it.
-type Protocol uint8
-
-// The protocols Observe understands.
-const (
-	ProtocolUnknown     Protocol = iota
-	ProtocolChat                 // POST /v1/chat/completions: messages, tools
-	ProtocolCompletions          // POST /v1/completions: prompt
-	ProtocolResponses            // POST /v1/responses: instructions, tools, input
-	ProtocolMessages             // POST /v1/messages (Anthropic): system, tools, messages
-)
-
-var protocolNames = [...]string{"unknown", "chat", "completions", "responses", "messages"}
-
-// String returns the protocol's short name, such as "chat".
-func (p Protocol) String() string { return name(protocolNames[:], int(p)) }
-
 // SegmentKind is the kind of a prompt segment. Segments are hashed in the
 // order system, tools, messages (see the package comment).
 type SegmentKind uint8
