@@ -42,7 +42,7 @@ type Window struct {
 	QueueSources map[QueueSource]int64
 
 	// Retry is the window's client retry figures (docs/design.md "Retries") and Prefix
-	// its prompt-prefix figures (§5); Conversations its agent-side time,
+	// its prompt-prefix figures (docs/design.md "Prefix drift"); Conversations its agent-side time,
 	// Ledger its prompt composition, Concurrency its requests by engine
 	// load and Quality its measurement quality. All nil for Cumulative.
 	Retry         *RetrySection

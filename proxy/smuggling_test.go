@@ -181,9 +181,9 @@ func TestBodyTooLargeClosesConnection(t *testing.T) {
 
 // TestRequestTransferEncodingVariants (S3, S4): every Transfer-Encoding
 // other than a lone chunked, and every malformed chunk, gets 400 and a
-// closed connection, and nothing reaches the upstream; the forms RFC 9112
-// allows (a tab as whitespace, an obs-fold replaced by a space, §5.2) are
-// read the one way net/http reads them.
+// closed connection, and nothing reaches the upstream; a tab as whitespace
+// is read the one way net/http reads it, and an obs-fold (RFC 9112 §5.2
+// allows rejecting it) is refused.
 func TestRequestTransferEncodingVariants(t *testing.T) {
 	bodies := make(chan string, 10)
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {

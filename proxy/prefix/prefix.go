@@ -1,7 +1,7 @@
 // Package prefix tracks prompt-prefix drift: for every request it tells how
 // much of the prompt an engine's prefix cache could reuse, which earlier
 // request of the same conversation it continues, and, when the request
-// rewrites that earlier prompt before its end, where and why (DESIGN.md §5).
+// rewrites that earlier prompt before its end, where and why (docs/design.md "Prefix drift").
 // Users otherwise find out by diffing request bodies by hand after their hit
 // rate falls from 99% to 2%: a timestamp in the system prompt, tools in a
 // new order, history cut short.
