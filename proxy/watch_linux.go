@@ -221,12 +221,10 @@ func (h *watchHub) check(id uint64) {
 	if w.state != watchActive || w.id != id { // stopped, or reused by a later request
 		return
 	}
-	var b [1]byte
-	n, _, err := syscall.Recvfrom(w.fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	switch {
-	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
+	switch peekFD(w.fd) {
+	case peekQuiet:
 		_ = h.ctl(syscall.EPOLL_CTL_MOD, w.fd, id) // nothing after all: wait again
-	case err != nil || n == 0:
+	case peekClosed:
 		w.state = watchIdle // reset, or EOF; stop takes it out of the set
 		w.gone()
 	default:
@@ -254,19 +252,26 @@ func peekIdle(conn net.Conn) int {
 	}
 	state := peekQuiet
 	cerr := rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		switch {
-		case errors.Is(err, syscall.EAGAIN):
-		case err != nil || n == 0:
-			state = peekClosed
-		default:
-			state = peekData
-		}
+		state = peekFD(int(fd))
 		return true // never wait
 	})
 	if cerr != nil {
 		return peekClosed
 	}
 	return state
+}
+
+// peekFD looks at socket fd without waiting and without consuming
+// anything: the one reading of a peek, for the client watch and the idle
+// check of pooled upstream connections.
+func peekFD(fd int) int {
+	var b [1]byte
+	n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	switch {
+	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
+		return peekQuiet
+	case err != nil || n == 0:
+		return peekClosed // reset, or EOF
+	}
+	return peekData
 }
