@@ -10,6 +10,7 @@ import (
 
 	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/lru"
 )
 
 // Agent-side time: the prefix tracker links each request to the
@@ -92,8 +93,8 @@ type turnMark struct {
 // convState is one conversation's running figures, an element of the
 // conversations LRU list.
 type convState struct {
+	lru.Links[convState]
 	id            uint64
-	newer, older  *convState
 	first         time.Time // earliest t_recv
 	lastEnd       time.Time // latest engine end
 	lastDone      time.Time // latest t_client_done
@@ -108,10 +109,10 @@ type convState struct {
 // recently active evicted first, and those idle for longer than idle. It
 // is guarded by Recorder.mu.
 type conversations struct {
-	max            int
-	idle           time.Duration
-	byID           map[uint64]*convState
-	newest, oldest *convState
+	max   int
+	idle  time.Duration
+	byID  map[uint64]*convState
+	order lru.List[convState, *convState] // most recently active first
 }
 
 func newConversations(max int, idle time.Duration) conversations {
@@ -161,10 +162,10 @@ func (c *conversations) add(tr *proxy.Trace, gen uint64) convTurn {
 		st = c.insert(res.ConversationID, recv)
 		t.first = true
 	case recv.Before(st.lastDone):
-		c.touch(st)
+		c.order.Touch(st)
 		t.overlapped = true
 	default:
-		c.touch(st)
+		c.order.Touch(st)
 		t.hasGap, t.gap = true, recv.Sub(st.lastDone)
 		st.agent += t.gap
 	}
@@ -190,7 +191,7 @@ func (c *conversations) add(tr *proxy.Trace, gen uint64) convTurn {
 // expire drops the conversations idle since before now − idle: a gap that
 // long is a person away, not an agent at work.
 func (c *conversations) expire(now time.Time) {
-	for st := c.oldest; st != nil && now.Sub(st.lastDone) > c.idle; st = c.oldest {
+	for st := c.order.Oldest(); st != nil && now.Sub(st.lastDone) > c.idle; st = c.order.Oldest() {
 		c.remove(st)
 	}
 }
@@ -198,9 +199,8 @@ func (c *conversations) expire(now time.Time) {
 // insert adds a conversation, evicting the least recently active one at
 // the cap (and reusing its memory).
 func (c *conversations) insert(id uint64, recv time.Time) *convState {
-	var st *convState
-	if len(c.byID) >= c.max && c.oldest != nil {
-		st = c.oldest
+	st := c.order.Oldest()
+	if len(c.byID) >= c.max && st != nil {
 		c.remove(st)
 		*st = convState{}
 	} else {
@@ -208,43 +208,13 @@ func (c *conversations) insert(id uint64, recv time.Time) *convState {
 	}
 	st.id, st.first, st.lastEnd, st.lastDone = id, recv, recv, recv
 	c.byID[id] = st
-	c.pushFront(st)
+	c.order.Touch(st)
 	return st
 }
 
 func (c *conversations) remove(st *convState) {
-	c.unlink(st)
+	c.order.Remove(st)
 	delete(c.byID, st.id)
-}
-
-func (c *conversations) touch(st *convState) {
-	c.unlink(st)
-	c.pushFront(st)
-}
-
-func (c *conversations) unlink(st *convState) {
-	if st.newer != nil {
-		st.newer.older = st.older
-	} else {
-		c.newest = st.older
-	}
-	if st.older != nil {
-		st.older.newer = st.newer
-	} else {
-		c.oldest = st.newer
-	}
-	st.newer, st.older = nil, nil
-}
-
-func (c *conversations) pushFront(st *convState) {
-	st.older = c.newest
-	if c.newest != nil {
-		c.newest.newer = st
-	}
-	c.newest = st
-	if c.oldest == nil {
-		c.oldest = st
-	}
 }
 
 // convSeal is the conversations active in one window, copied out under
@@ -261,7 +231,7 @@ type convSeal struct {
 func (c *conversations) seal(gen uint64) convSeal {
 	var s convSeal
 	var top []*convState // the slowest, by wall time, descending
-	for st := c.newest; st != nil && st.gen == gen; st = st.older {
+	for st := c.order.Newest(); st != nil && st.gen == gen; st = c.order.Older(st) {
 		s.active++
 		wall := st.lastDone.Sub(st.first)
 		if wall > 0 {

@@ -121,7 +121,7 @@ func TestConversationBounds(t *testing.T) {
 	}
 	require.Len(t, r.convs.byID, 3)
 	n := 0
-	for st := r.convs.newest; st != nil; st = st.older {
+	for st := r.convs.order.Newest(); st != nil; st = r.convs.order.Older(st) {
 		n++
 	}
 	require.Equal(t, 3, n, "the list and the map agree")
@@ -136,8 +136,8 @@ func TestConversationBounds(t *testing.T) {
 	require.Equal(t, int64(1), s.AgentGapMs.Count)
 	requireMs(t, 200-56, s.AgentMs)
 	require.Len(t, r.convs.byID, 1, "the others idled out")
-	require.Same(t, r.convs.newest, r.convs.oldest)
-	require.Nil(t, r.convs.newest.older)
+	require.Same(t, r.convs.order.Newest(), r.convs.order.Oldest())
+	require.Equal(t, 1, r.convs.order.Len())
 }
 
 // TestTimelineBounded: a long conversation keeps its latest 16 turns.

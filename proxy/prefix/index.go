@@ -1,6 +1,10 @@
 package prefix
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/anvilproxy/anvilproxy/proxy/lru"
+)
 
 // mapEntryBytes is what one entry of a map[uint64]*T costs: Go's swiss
 // tables spend 17 bytes a slot (8-byte key, 8-byte pointer, a control
@@ -16,19 +20,19 @@ var nodeBytes = allocBytes(int(unsafe.Sizeof(node{})))
 // Prompts that share a prefix share its nodes, so a conversation of n turns
 // costs one node per distinct segment, not n².
 type node struct {
+	lru.Links[node]
 	key    uint64 // cumulative hash of the prefix ending here
 	parent *node  // the root sentinel for the first segment
 	// next is the child on the path of the most recent prompt that went
 	// through this node, or nil if that prompt ended here. Following next
 	// from any node therefore walks the most recent prompt through it.
-	next         *node
-	older, newer *node // LRU list
-	fp           *fingerprint
-	raw          uint64 // unmasked hash of this segment in the most recent prompt through here
-	conv         uint64
-	cum          int64 // canonical prompt bytes up to and including this segment
-	depth        int32 // segments up to and including this one
-	turn         int32 // Turn of the most recent prompt through here
+	next  *node
+	fp    *fingerprint
+	raw   uint64 // unmasked hash of this segment in the most recent prompt through here
+	conv  uint64
+	cum   int64 // canonical prompt bytes up to and including this segment
+	depth int32 // segments up to and including this one
+	turn  int32 // Turn of the most recent prompt through here
 }
 
 // index is the bounded, memory-accounted trie of prompt prefixes, with the
@@ -48,9 +52,9 @@ type index struct {
 	// to its fingerprint, so that known text is not matched again. Entries
 	// whose fingerprint has left the index are dropped when met, and all at
 	// once when they outnumber the live ones.
-	memo map[uint64]*fingerprint
-	root node // sentinel parent of first segments; never evicted
-	lru  node // list head: lru.newer is the oldest node, lru.older the newest
+	memo  map[uint64]*fingerprint
+	root  node                  // sentinel parent of first segments; never in order
+	order lru.List[node, *node] // every other node, most recently used first
 
 	objBytes                              int64 // nodes and fingerprints
 	peakNodes, peakAnch, peakFp, peakMemo int
@@ -63,7 +67,6 @@ func (x *index) init(cap int64) {
 	x.anchors = make(map[uint64]*node)
 	x.fps = make(map[uint64]*fingerprint)
 	x.memo = make(map[uint64]*fingerprint)
-	x.lru.older, x.lru.newer = &x.lru, &x.lru
 	x.cap = cap
 }
 
@@ -130,7 +133,6 @@ func (x *index) remember(pre uint64, f *fingerprint) {
 // add creates the node for a prefix whose parent is p.
 func (x *index) add(key uint64, p *node, f *fingerprint, seg *segment, depth int, conv uint64) *node {
 	n := &node{key: key, parent: p, fp: f, conv: conv, cum: seg.total, depth: int32(depth)}
-	n.older, n.newer = n, n // detached until touched
 	f.refs++
 	x.nodes[key] = n
 	x.peakNodes = max(x.peakNodes, len(x.nodes))
@@ -145,12 +147,7 @@ func (x *index) anchor(h uint64, n *node) {
 }
 
 // touch makes n the most recently used node.
-func (x *index) touch(n *node) {
-	n.older.newer, n.newer.older = n.newer, n.older
-	n.older, n.newer = x.lru.older, &x.lru
-	n.older.newer = n
-	x.lru.older = n
-}
+func (x *index) touch(n *node) { x.order.Touch(n) }
 
 // shrink evicts least recently used nodes until the index fits its cap.
 func (x *index) shrink() {
@@ -158,8 +155,8 @@ func (x *index) shrink() {
 		if x.compact() {
 			continue
 		}
-		oldest := x.lru.newer
-		if oldest == &x.lru { // nothing left: every memo entry is stale
+		oldest := x.order.Oldest()
+		if oldest == nil { // nothing left: every memo entry is stale
 			x.memo, x.peakMemo = make(map[uint64]*fingerprint), 0
 			return
 		}
@@ -168,7 +165,7 @@ func (x *index) shrink() {
 }
 
 func (x *index) evict(n *node) {
-	n.older.newer, n.newer.older = n.newer, n.older
+	x.order.Remove(n)
 	delete(x.nodes, n.key)
 	if x.anchors[n.fp.hash] == n {
 		delete(x.anchors, n.fp.hash)
