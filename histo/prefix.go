@@ -2,7 +2,6 @@ package histo
 
 import (
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -231,19 +230,13 @@ func mergePrefix(in []*PrefixSection) *PrefixSection {
 		out.MissDespiteReuse += s.MissDespiteReuse
 		out.ExpectedCachedTokens += s.ExpectedCachedTokens
 		out.EngineCachedTokens += s.EngineCachedTokens
-		for k, n := range s.Untracked {
-			out.Untracked[k] += n
-		}
-		for k, n := range s.DriftsBy {
-			out.DriftsBy[k] += n
-		}
+		dist.AddCounts(out.Untracked, s.Untracked)
+		dist.AddCounts(out.DriftsBy, s.DriftsBy)
 		out.RecentDrifts = append(out.RecentDrifts, s.RecentDrifts...)
 		if s.Reuse.Samples > 0 {
 			sum += float64(s.Reuse.Mean) * float64(s.Reuse.Samples)
 			out.Reuse.Samples += s.Reuse.Samples
-			if math.IsNaN(float64(out.Reuse.Min)) || s.Reuse.Min < out.Reuse.Min {
-				out.Reuse.Min = s.Reuse.Min
-			}
+			out.Reuse.Min = dist.Min(out.Reuse.Min, s.Reuse.Min)
 		}
 	}
 	if out.Reuse.Samples > 0 {

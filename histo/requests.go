@@ -293,17 +293,31 @@ func (r *Recorder) RequestsHandler() http.Handler {
 			}
 			limit = min(limit, n)
 		}
-		body, err := json.Marshal(struct {
+		ServeJSON(w, struct {
 			Requests []Request `json:"requests"`
-		}{r.Recent(limit)})
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write(append(body, '\n'))
+		}{r.Recent(limit)}, false)
 	})
+}
+
+// ServeJSON answers an admin request with v as JSON, indented when indent
+// is set, and marked no-store: every admin answer is a live reading. A
+// value that cannot be encoded is a 500. It serves /requests, /snapshot
+// and /status.
+func ServeJSON(w http.ResponseWriter, v any, indent bool) {
+	var body []byte
+	var err error
+	if indent {
+		body, err = json.MarshalIndent(v, "", "  ")
+	} else {
+		body, err = json.Marshal(v)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(append(body, '\n'))
 }
 
 // prefixReuse is the request's prefix reuse, or null when untracked.

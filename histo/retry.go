@@ -253,13 +253,9 @@ func mergeRetry(in []*RetrySection) *RetrySection {
 		out.WastedPromptTokens += s.WastedPromptTokens
 		out.WastedCompletionTokens += s.WastedCompletionTokens
 		out.ClientsOverflow += s.ClientsOverflow
-		for k, n := range s.RetriesByPrevOutcome {
-			out.RetriesByPrevOutcome[k] += n
-		}
+		dist.AddCounts(out.RetriesByPrevOutcome, s.RetriesByPrevOutcome)
 		out.GapMs.Count += s.GapMs.Count
-		if !math.IsNaN(float64(s.GapMs.Max)) && (math.IsNaN(float64(out.GapMs.Max)) || s.GapMs.Max > out.GapMs.Max) {
-			out.GapMs.Max = s.GapMs.Max
-		}
+		out.GapMs.Max = dist.Max(out.GapMs.Max, s.GapMs.Max)
 		for _, c := range s.TopClients {
 			m := clients[c.Client]
 			if m == nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"math"
 	"net/http"
 	"slices"
@@ -162,13 +161,6 @@ func nearestRank(v []float64, p int64) float64 {
 // statusHandler serves the stack's liveStatus as JSON.
 func (st *stack) statusHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		body, err := json.Marshal(st.status(time.Now()))
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write(append(body, '\n'))
+		histo.ServeJSON(w, st.status(time.Now()), false)
 	})
 }

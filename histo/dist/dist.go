@@ -47,6 +47,32 @@ func (f *Float) UnmarshalJSON(b []byte) error {
 	return err
 }
 
+// Max is the larger of a and b, ignoring an unknown one; NaN when neither
+// is known. It merges a peak across sections.
+func Max(a, b Float) Float {
+	if !a.Known() || b > a {
+		return b
+	}
+	return a
+}
+
+// Min is the smaller of a and b, ignoring an unknown one; NaN when neither
+// is known.
+func Min(a, b Float) Float {
+	if !a.Known() || b < a {
+		return b
+	}
+	return a
+}
+
+// AddCounts adds each count of src to dst's: the merge of a section's
+// counts by key.
+func AddCounts[K comparable](dst, src map[K]int64) {
+	for k, n := range src {
+		dst[k] += n
+	}
+}
+
 // Millis is d in milliseconds.
 func Millis(d time.Duration) Float { return Float(float64(d) / float64(time.Millisecond)) }
 

@@ -68,3 +68,24 @@ func TestNearestRank(t *testing.T) {
 	require.Equal(t, 9, NearestRank(v, 90))
 	require.Equal(t, 10, NearestRank(v, 99))
 }
+
+func TestMaxMinIgnoreUnknown(t *testing.T) {
+	for _, c := range []struct{ a, b, max, min Float }{
+		{1, 2, 2, 1},
+		{2, 1, 2, 1},
+		{NaN, 3, 3, 3},
+		{3, NaN, 3, 3},
+	} {
+		require.Equal(t, c.max, Max(c.a, c.b), "Max(%v, %v)", c.a, c.b)
+		require.Equal(t, c.min, Min(c.a, c.b), "Min(%v, %v)", c.a, c.b)
+	}
+	require.False(t, Max(NaN, NaN).Known())
+	require.False(t, Min(NaN, NaN).Known())
+}
+
+func TestAddCounts(t *testing.T) {
+	dst := map[string]int64{"a": 1}
+	AddCounts(dst, map[string]int64{"a": 2, "b": 5})
+	AddCounts(dst, nil)
+	require.Equal(t, map[string]int64{"a": 3, "b": 5}, dst)
+}

@@ -361,16 +361,11 @@ func merge(in []*Section) *Section {
 	out := &Section{Verdict: VerdictUnknown, Reasons: []string{}, ProbePeriodMs: in[0].ProbePeriodMs, Thresholds: in[0].Thresholds,
 		Pressure: PSI{CPU: dist.NaN, IO: dist.NaN, Memory: dist.NaN}}
 	var overs []dist.Dist
-	peak := func(dst *dist.Float, v dist.Float) {
-		if v.Known() && (!dst.Known() || v > *dst) {
-			*dst = v
-		}
-	}
 	for _, s := range in {
 		overs = append(overs, s.TimerOvershootMs)
-		peak(&out.Pressure.CPU, s.Pressure.CPU)
-		peak(&out.Pressure.IO, s.Pressure.IO)
-		peak(&out.Pressure.Memory, s.Pressure.Memory)
+		out.Pressure.CPU = dist.Max(out.Pressure.CPU, s.Pressure.CPU)
+		out.Pressure.IO = dist.Max(out.Pressure.IO, s.Pressure.IO)
+		out.Pressure.Memory = dist.Max(out.Pressure.Memory, s.Pressure.Memory)
 		switch {
 		case s.Verdict == VerdictNoisy:
 			out.Verdict = VerdictNoisy

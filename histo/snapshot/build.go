@@ -43,17 +43,11 @@ func prefillModel(src Source) PrefillModel {
 func Handler(src Source) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		doc, err := BuildFrom(src)
-		var body []byte
-		if err == nil {
-			body, err = json.MarshalIndent(doc, "", "  ")
-		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("Cache-Control", "no-store")
-		_, _ = w.Write(append(body, '\n'))
+		histo.ServeJSON(w, doc, true)
 	})
 }
 

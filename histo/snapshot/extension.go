@@ -10,6 +10,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 )
 
@@ -172,9 +173,7 @@ func (pop *population) extension(doc *Document) (*Extension, error) {
 	}
 	var latest int64
 	for _, p := range pop.parts {
-		for k, n := range p.clamped {
-			ext.Clamped[k] += n
-		}
+		dist.AddCounts(ext.Clamped, p.clamped)
 		ext.DroppedRecords += p.dropped
 		ext.MaxInflightObserved = max(ext.MaxInflightObserved, p.maxInflight)
 		ext.Windows += p.windows

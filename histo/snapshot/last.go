@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/anvilproxy/anvilproxy/histo"
@@ -41,16 +40,10 @@ func (w *Writer) Handler() http.Handler {
 			return
 		}
 		doc, err := Build(q.w, q.pm)
-		var body []byte
-		if err == nil {
-			body, err = json.MarshalIndent(doc, "", "  ")
-		}
 		if err != nil {
 			http.Error(rw, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		rw.Header().Set("Content-Type", "application/json")
-		rw.Header().Set("Cache-Control", "no-store")
-		_, _ = rw.Write(append(body, '\n'))
+		histo.ServeJSON(rw, doc, true)
 	})
 }
