@@ -45,10 +45,7 @@ func chatChoices(s *Scanner, c *Chunk) {
 	if !s.Array() {
 		return
 	}
-	for s.Elem() {
-		if !s.Object() {
-			continue
-		}
+	for s.ObjectElem() {
 		for k := s.Key(); k != nil; k = s.Key() {
 			switch string(k) {
 			case "delta", "message":
@@ -97,10 +94,7 @@ func toolCalls(s *Scanner) bool {
 	if !s.Array() {
 		return false
 	}
-	for s.Elem() {
-		if !s.Object() {
-			continue
-		}
+	for s.ObjectElem() {
 		for k := s.Key(); k != nil; k = s.Key() {
 			if string(k) == "function" {
 				found = toolFunction(s) || found

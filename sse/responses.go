@@ -149,10 +149,7 @@ func textParts(s *Scanner) bool {
 	if !s.Array() {
 		return false
 	}
-	for s.Elem() {
-		if !s.Object() {
-			continue
-		}
+	for s.ObjectElem() {
 		for k := s.Key(); k != nil; k = s.Key() {
 			switch string(k) {
 			case "text", "refusal":
