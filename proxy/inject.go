@@ -63,15 +63,7 @@ func (r *relay) filter(b []byte, t time.Time) []byte {
 	r.hold = append(r.hold, b...)
 	r.parser.Feed(b)
 	out, cut := r.out[:0], 0
-	for {
-		ok, err := r.parser.Next(&r.ev)
-		if err != nil {
-			r.tr.ParseErrors++
-			continue
-		}
-		if !ok {
-			break
-		}
+	for r.nextEvent() {
 		r.onEvent(t)
 		start := int(r.ev.Offset - r.holdOff)
 		end := start + r.ev.Len

@@ -266,16 +266,21 @@ func (r *relay) measure(b []byte, t time.Time) {
 		return
 	}
 	r.parser.Feed(b)
+	for r.nextEvent() {
+		r.onEvent(t)
+	}
+}
+
+// nextEvent moves r.ev to the next complete event fed to the parser,
+// counting the malformed ones it passes over, and reports false when no
+// complete event is left.
+func (r *relay) nextEvent() bool {
 	for {
 		ok, err := r.parser.Next(&r.ev)
-		if err != nil {
-			r.tr.ParseErrors++
-			continue
+		if err == nil {
+			return ok
 		}
-		if !ok {
-			return
-		}
-		r.onEvent(t)
+		r.tr.ParseErrors++
 	}
 }
 
