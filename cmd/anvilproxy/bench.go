@@ -64,6 +64,12 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CapacityRamp, "capacity-ramp", d.CapacityRamp, "how long opening the capacity run's streams takes")
 }
 
+// benchUsage is what "anvilproxy bench --help" prints before the flags.
+const benchUsage = "Usage: anvilproxy bench [--quick] [--json FILE] [flags]\n\n" +
+	"Measures what anvilproxy adds to a stream, side by side with a direct connection and with\n" +
+	"nginx, Caddy and HAProxy when installed (scripts/install-comparison-proxies.sh), in\n" +
+	"interleaved rounds. Progress goes to stderr, the table to stdout.\n\n"
+
 // runBench measures the proxy's own overhead (BENCHMARKS.md "Method"). The proxy
 // runs as a child process, "anvilproxy serve", so that its CPU time is its
 // own; the emitter and the clients run here.
@@ -71,15 +77,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) >= 3 && args[0] == childProfileFlag {
 		return runProfiledServe(args[1], args[2], args[3:], stderr)
 	}
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: anvilproxy bench [--quick] [--json FILE] [flags]\n\n"+
-			"Measures what anvilproxy adds to a stream, side by side with a direct connection and with\n"+
-			"nginx, Caddy and HAProxy when installed (scripts/install-comparison-proxies.sh), in\n"+
-			"interleaved rounds. Progress goes to stderr, the table to stdout.\n\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("bench", benchUsage, stderr)
 	var f benchFlags
 	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -210,13 +208,22 @@ func parseLevels(s string, base []bench.Level) ([]bench.Level, error) {
 }
 
 func writeBenchJSON(name string, rep *bench.Report) error {
-	f, err := os.Create(name)
-	if err != nil {
+	if err := createFile(name, rep.WriteJSON); err != nil {
 		return fmt.Errorf("--json: %w", err)
 	}
-	if err := rep.WriteJSON(f); err != nil {
+	return nil
+}
+
+// createFile creates path and writes it with write; the first error of
+// the creation, the write and the close is the error.
+func createFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
 		f.Close()
-		return fmt.Errorf("--json: %w", err)
+		return err
 	}
 	return f.Close()
 }
@@ -263,13 +270,5 @@ func runProfiledServe(cpuPath, memPath string, args []string, stderr io.Writer) 
 
 func writeHeapProfile(path string) error {
 	runtime.GC() // the profile shows the heap as of the last GC
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return createFile(path, pprof.WriteHeapProfile)
 }

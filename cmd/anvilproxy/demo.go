@@ -59,8 +59,7 @@ func (f *demoFlags) register(fs *flag.FlagSet) {
 // synthetic coding-agent workload on loopback, prints a live table, then
 // the snapshot files and their report.
 func runDemo(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("demo", "", stderr)
 	var f demoFlags
 	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {

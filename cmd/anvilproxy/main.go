@@ -80,12 +80,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 // printHelp writes the commands, then the flags of serve, the default.
 func printHelp(w io.Writer) {
 	fmt.Fprint(w, usage)
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(w)
+	fs := newFlagSet("serve", "", w)
 	var f serveFlags
 	f.register(fs)
 	fmt.Fprint(w, "\nFlags of serve (the default command):\n")
 	fs.PrintDefaults()
+}
+
+// newFlagSet is the flag set of subcommand name, writing its help and
+// errors to out. A non-empty about is what --help prints before the flags;
+// without one, --help prints a generic usage line and the flags (parseOnce).
+func newFlagSet(name, about string, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	if about != "" {
+		fs.Usage = func() {
+			fmt.Fprint(fs.Output(), about)
+			fs.PrintDefaults()
+		}
+	}
+	return fs
 }
 
 func isHelp(arg string) bool {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -10,22 +9,20 @@ import (
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 )
 
+// reportUsage is what "anvilproxy report --help" prints before the flags.
+const reportUsage = "Usage: anvilproxy report [--json FILE|-] FILE|DIR...\n\n" +
+	"Merges anvil-serving.benchmark/v1 snapshots exactly and prints where the time goes: the\n" +
+	"phases, then (for the proxy's files) the agent's time against the engine's, what the\n" +
+	"prompts are made of, the queue knee and whether the host measured cleanly. A directory\n" +
+	"stands for the snapshot files in it (anvilproxy-*.json).\n\n"
+
 // runReport reads v1 snapshots (the proxy's or the benchmark client's),
 // merges them exactly and prints the phase table and the lines after it
 // (snapshot.WriteTable); --json writes the merged document. Flags may come
 // before, between or after the files; a directory stands for the snapshot
 // files in it (anvilproxy-*.json, as --snapshot-dir writes them).
 func runReport(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: anvilproxy report [--json FILE|-] FILE|DIR...\n\n"+
-			"Merges anvil-serving.benchmark/v1 snapshots exactly and prints where the time goes: the\n"+
-			"phases, then (for the proxy's files) the agent's time against the engine's, what the\n"+
-			"prompts are made of, the queue knee and whether the host measured cleanly. A directory\n"+
-			"stands for the snapshot files in it (anvilproxy-*.json).\n\n")
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("report", reportUsage, stderr)
 	jsonOut := fs.String("json", "", `also write the merged v1 document to FILE ("-": to stdout, instead of the table)`)
 	var files []string
 	for {

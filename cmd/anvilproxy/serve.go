@@ -125,8 +125,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 }
 
 func runServe(args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("serve", "", stderr)
 	var f serveFlags
 	f.register(fs)
 	if err := parseFlags(fs, args); err != nil {

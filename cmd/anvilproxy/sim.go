@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -48,8 +47,7 @@ func runSim(args []string, stderr io.Writer) error {
 // parseSimFlags parses the sim subcommand's flags into the engine's
 // configuration and the address to listen on.
 func parseSimFlags(args []string, stderr io.Writer) (c sim.Config, listen string, err error) {
-	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("sim", "", stderr)
 	fs.StringVar(&listen, "listen", ":8000", "address the simulated engine listens on (host:port)")
 	fs.StringVar(&c.Model, "model", sim.DefaultModel, "model name reported in responses")
 	fs.IntVar(&c.Slots, "slots", 4, "concurrent sequences; more requests wait in a FIFO queue")

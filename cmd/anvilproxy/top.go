@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +14,12 @@ import (
 	"time"
 )
 
+// topUsage is what "anvilproxy top --help" prints before the flags.
+const topUsage = "Usage: anvilproxy top [--once] [--count N] [ADMIN-URL]\n\n" +
+	"A live table of a running proxy, read from its admin listener's /status (default " + defaultTopURL + "):\n" +
+	"requests and how they ended, in-flight, p50/p99 of the phases over the last 15 s, cache\n" +
+	"hit, goodput and retry amplification. Ctrl-C ends it.\n\n"
+
 // runTop is "anvilproxy top": the demo's live table for a running proxy,
 // read from its admin listener's /status, for a machine reached over SSH
 // where no browser is at hand. On a terminal it redraws in place every
@@ -22,15 +27,7 @@ import (
 // --once prints one table and exits, non-zero when the proxy did not
 // answer.
 func runTop(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("top", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: anvilproxy top [--once] [--count N] [ADMIN-URL]\n\n"+
-			"A live table of a running proxy, read from its admin listener's /status (default %s):\n"+
-			"requests and how they ended, in-flight, p50/p99 of the phases over the last 15 s, cache\n"+
-			"hit, goodput and retry amplification. Ctrl-C ends it.\n\n", defaultTopURL)
-		fs.PrintDefaults()
-	}
+	fs := newFlagSet("top", topUsage, stderr)
 	once := fs.Bool("once", false, "print one table and exit (non-zero when the proxy does not answer)")
 	count := fs.Int("count", 0, "print this many tables, then exit; 0: until Ctrl-C")
 	plain := fs.Bool("plain", false, "one line per refresh, even on a terminal")

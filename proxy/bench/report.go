@@ -272,12 +272,7 @@ func (r *Report) capacity(target string) *CapacityTarget {
 	if r.Capacity == nil {
 		return nil
 	}
-	for i := range r.Capacity.Targets {
-		if r.Capacity.Targets[i].Target == target {
-			return &r.Capacity.Targets[i]
-		}
-	}
-	return nil
+	return find(r.Capacity.Targets, func(c *CapacityTarget) bool { return c.Target == target })
 }
 
 func newCapacityWave(best rssSample, idle, peak, peakOpen int64, cpu time.Duration, st *cellStats) CapacityWave {
@@ -321,10 +316,8 @@ func (r *Report) result(n int, target string) *StreamResult {
 		if r.Streams[i].Streams != n {
 			continue
 		}
-		for j := range r.Streams[i].Results {
-			if r.Streams[i].Results[j].Target == target {
-				return &r.Streams[i].Results[j]
-			}
+		if res := find(r.Streams[i].Results, func(s *StreamResult) bool { return s.Target == target }); res != nil {
+			return res
 		}
 	}
 	return nil
@@ -334,9 +327,14 @@ func (r *Report) small(target string) *SmallTargetResult {
 	if r.Small == nil {
 		return nil
 	}
-	for i := range r.Small.Results {
-		if r.Small.Results[i].Target == target {
-			return &r.Small.Results[i]
+	return find(r.Small.Results, func(s *SmallTargetResult) bool { return s.Target == target })
+}
+
+// find returns the first element of xs that match accepts, or nil.
+func find[T any](xs []T, match func(*T) bool) *T {
+	for i := range xs {
+		if match(&xs[i]) {
+			return &xs[i]
 		}
 	}
 	return nil

@@ -121,16 +121,31 @@ type cellRun struct {
 	cpuKnown bool
 }
 
-// streamCell runs one target at one level for one round. Every client
-// dials and warms its connection with a small request first, outside the
-// measurement; then the clients start together, staggered over one gap so
-// that events are spread in time as independent streams' are, and keep
-// starting streams until cell has passed (cell 0: one stream each).
+// streamCell runs one target at one level for one round: the clients start
+// staggered over one gap so that events are spread in time as independent
+// streams' are, and keep starting streams until cell has passed (cell 0:
+// one stream each).
 func (b *runner) streamCell(t *target, lv Level, st *cellStats, cell time.Duration) (cellRun, error) {
-	n := lv.Streams
-	ready := make(chan error, n)
+	return b.runCell(t, lv.Streams, cell, stuck, func(i int, cc *clientConn, err error, deadline int64) {
+		if err != nil {
+			st.addStream(streamTally{Streams: 1, Failed: 1, Lost: int64(lv.Events)}, 0, nil, fmt.Errorf("connecting: %w", err), false)
+			return
+		}
+		b.streamWorker(cc, t, lv, st, i, deadline, cell > 0)
+	})
+}
+
+// runCell is the frame of one measured cell of n clients against t. Every
+// client dials and warms its connection with a small request first, outside
+// the measurement, with connDeadline as its socket deadline; then the
+// clients start together and each runs client, with the dial or warm-up
+// error and the now() at which the cell ends, d after the start. The
+// cell's wall time and the target's CPU are measured around them.
+func (b *runner) runCell(t *target, n int, d, connDeadline time.Duration,
+	client func(i int, cc *clientConn, err error, deadline int64)) (cellRun, error) {
+	ready := make(chan struct{}, n)
 	start := make(chan struct{})
-	var deadline int64
+	var deadline int64 // written before start closes, read after
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Add(1)
@@ -138,19 +153,15 @@ func (b *runner) streamCell(t *target, lv Level, st *cellStats, cell time.Durati
 			defer wg.Done()
 			cc, err := dialClient(t.addr, clientBufSize)
 			if err == nil {
-				_ = cc.c.SetDeadline(time.Now().Add(stuck))
+				_ = cc.c.SetDeadline(time.Now().Add(connDeadline))
 				_, err = runSmall(cc, t.addr, appendSmallRequest(nil, i, 0))
 			}
-			ready <- err
+			ready <- struct{}{}
 			if cc != nil {
 				defer cc.Close()
 			}
 			<-start
-			if err != nil {
-				st.addStream(streamTally{Streams: 1, Failed: 1, Lost: int64(lv.Events)}, 0, nil, fmt.Errorf("connecting: %w", err), false)
-				return
-			}
-			b.streamWorker(cc, t, lv, st, i, deadline, cell > 0)
+			client(i, cc, err, deadline)
 		}()
 	}
 	for range n {
@@ -158,7 +169,7 @@ func (b *runner) streamCell(t *target, lv Level, st *cellStats, cell time.Durati
 	}
 	cpu0, cerr := t.cpu()
 	t0 := now()
-	deadline = t0 + int64(cell)
+	deadline = t0 + int64(d)
 	close(start)
 	wg.Wait()
 	elapsed := time.Duration(now() - t0)
@@ -264,63 +275,34 @@ type smallRun struct {
 func (b *runner) smallCell(t *target, w int, d time.Duration, lat *hdrhistogram.Histogram) (smallRun, error) {
 	var mu sync.Mutex
 	var out smallRun
-	ready := make(chan struct{}, w)
-	start := make(chan struct{})
-	var deadline int64
-	var wg sync.WaitGroup
-	for i := range w {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var lats []int64
-			var n, failed int64
-			var errMsg string
-			cc, err := dialClient(t.addr, clientBufSize)
-			if err == nil {
-				_ = cc.c.SetDeadline(time.Now().Add(d + stuck))
-				_, err = runSmall(cc, t.addr, appendSmallRequest(nil, i, 0))
+	run, err := b.runCell(t, w, d, d+stuck, func(i int, cc *clientConn, err error, deadline int64) {
+		var lats []int64
+		var n, failed int64
+		var errMsg string
+		body := make([]byte, 0, 256)
+		for k := 1; err == nil && now() < deadline && b.ctx.Err() == nil; k++ {
+			body = appendSmallRequest(body[:0], i, k)
+			var d time.Duration
+			if d, err = runSmall(cc, t.addr, body); err == nil {
+				n++
+				lats = append(lats, int64(d))
 			}
-			ready <- struct{}{}
-			if cc != nil {
-				defer cc.Close()
-			}
-			<-start
-			body := make([]byte, 0, 256)
-			for k := 1; err == nil && now() < deadline && b.ctx.Err() == nil; k++ {
-				body = appendSmallRequest(body[:0], i, k)
-				var d time.Duration
-				if d, err = runSmall(cc, t.addr, body); err == nil {
-					n++
-					lats = append(lats, int64(d))
-				}
-			}
-			if err != nil {
-				failed++
-				errMsg = err.Error()
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			out.requests += n
-			out.failed += failed
-			if errMsg != "" && len(out.errs) < 4 {
-				out.errs = append(out.errs, errMsg)
-			}
-			for _, v := range lats {
-				record(lat, v)
-			}
-		}()
-	}
-	for range w {
-		<-ready
-	}
-	cpu0, cerr := t.cpu()
-	t0 := now()
-	deadline = t0 + int64(d)
-	close(start)
-	wg.Wait()
-	out.elapsed = time.Duration(now() - t0)
-	cpu1, cerr1 := t.cpu()
-	out.cpu = cpu1 - cpu0
-	out.cpuKnown = cerr == nil && cerr1 == nil && t.proxied()
-	return out, b.ctx.Err()
+		}
+		if err != nil {
+			failed++
+			errMsg = err.Error()
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		out.requests += n
+		out.failed += failed
+		if errMsg != "" && len(out.errs) < 4 {
+			out.errs = append(out.errs, errMsg)
+		}
+		for _, v := range lats {
+			record(lat, v)
+		}
+	})
+	out.cellRun = run
+	return out, err
 }

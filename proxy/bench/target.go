@@ -44,23 +44,16 @@ type target struct {
 func (t *target) proxied() bool { return t.cmd != nil }
 
 // cpu returns the CPU time used so far by the target's processes.
-func (t *target) cpu() (time.Duration, error) {
-	var sum time.Duration
-	for _, pid := range t.pids {
-		d, err := cpuTime(pid)
-		if err != nil {
-			return 0, err
-		}
-		sum += d
-	}
-	return sum, nil
-}
+func (t *target) cpu() (time.Duration, error) { return sumPids(t.pids, cpuTime) }
 
 // rss returns the resident memory of the target's processes.
-func (t *target) rss() (int64, error) {
-	var sum int64
-	for _, pid := range t.pids {
-		v, err := rssBytes(pid)
+func (t *target) rss() (int64, error) { return sumPids(t.pids, rssBytes) }
+
+// sumPids is the sum of read over pids, or read's first error.
+func sumPids[T time.Duration | int64](pids []int, read func(pid int) (T, error)) (T, error) {
+	var sum T
+	for _, pid := range pids {
+		v, err := read(pid)
 		if err != nil {
 			return 0, err
 		}

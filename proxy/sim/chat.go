@@ -10,12 +10,12 @@ import (
 // sends), then content deltas, the last one carrying finish_reason, then the
 // usage-only chunk if stream_options.include_usage, then [DONE].
 type chat struct {
-	cfg          *Config
-	j            *job
-	includeUsage bool
+	openAIStream[chatChunkChoice]
 }
 
-func newChat(s *Server) protocol { return &chat{cfg: &s.cfg} }
+func newChat(s *Server) protocol {
+	return &chat{openAIStream[chatChunkChoice]{cfg: &s.cfg, chunkObject: "chat.completion.chunk"}}
+}
 
 func (*chat) prefix() string { return "chatcmpl-" }
 
@@ -59,20 +59,8 @@ func (c *chat) parse(body []byte, j *job) error {
 	j.reasoning = req.ReasoningEffort != "none" &&
 		(req.ChatTemplateKwargs.EnableThinking == nil || *req.ChatTemplateKwargs.EnableThinking)
 	j.stream = req.Stream
-	c.j = j
-	c.includeUsage = req.Stream && req.StreamOptions.IncludeUsage
+	c.bind(j, req.StreamOptions.IncludeUsage)
 	return nil
-}
-
-type chatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"`
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
-	Choices []chatChunkChoice `json:"choices"`
-	Usage   *openAIUsage      `json:"usage,omitempty"`
-	Metrics *vllmMetrics      `json:"metrics,omitempty"`
-	Timings *llamaTimings     `json:"timings,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -90,19 +78,9 @@ type chatDelta struct {
 	Reasoning        string  `json:"reasoning,omitempty"`
 }
 
-func (c *chat) chunk(choices []chatChunkChoice) *chatChunk {
-	return &chatChunk{
-		ID:      c.j.id,
-		Object:  "chat.completion.chunk",
-		Created: c.j.created,
-		Model:   c.cfg.Model,
-		Choices: choices,
-	}
-}
-
 func (c *chat) open(e *eventWriter, _ *result) error {
 	empty := ""
-	return e.send("", c.chunk([]chatChunkChoice{{Delta: chatDelta{Role: "assistant", Content: &empty}}}))
+	return e.send("", c.chunk(chatChunkChoice{Delta: chatDelta{Role: "assistant", Content: &empty}}))
 }
 
 func (c *chat) delta(e *eventWriter, res *result, d delta) error {
@@ -112,39 +90,14 @@ func (c *chat) delta(e *eventWriter, res *result, d delta) error {
 	} else {
 		choice.Delta = chatDelta{Content: &d.text}
 	}
-	chunk := c.chunk([]chatChunkChoice{choice})
+	chunk := c.chunk(choice)
 	if d.last {
-		choice := &chunk.Choices[0]
-		choice.FinishReason = finishReason(c.j)
-		choice.StopReason = jsonNull
-		if !c.includeUsage {
-			_, chunk.Timings = timing(c.cfg.Timings, res) // llama.cpp puts them on the last chunk
-		}
+		last := &chunk.Choices[0]
+		last.FinishReason = finishReason(c.j)
+		last.StopReason = jsonNull
+		chunk.Timings = c.lastTimings(res)
 	}
 	return e.send("", chunk)
-}
-
-func (c *chat) close(e *eventWriter, res *result) error {
-	if c.includeUsage {
-		chunk := c.chunk([]chatChunkChoice{})
-		chunk.Usage = newOpenAIUsage(c.j, res)
-		chunk.Metrics, chunk.Timings = timing(c.cfg.Timings, res)
-		if err := e.send("", chunk); err != nil {
-			return err
-		}
-	}
-	return e.done()
-}
-
-type chatCompletion struct {
-	ID      string        `json:"id"`
-	Object  string        `json:"object"`
-	Created int64         `json:"created"`
-	Model   string        `json:"model"`
-	Choices []chatChoice  `json:"choices"`
-	Usage   *openAIUsage  `json:"usage"`
-	Metrics *vllmMetrics  `json:"metrics,omitempty"`
-	Timings *llamaTimings `json:"timings,omitempty"`
 }
 
 type chatChoice struct {
@@ -173,16 +126,6 @@ func (c *chat) body(res *result) any {
 		reasoning := res.reasoning.String()
 		msg.ReasoningContent, msg.Reasoning = &reasoning, &reasoning
 	}
-	out := &chatCompletion{
-		ID:      c.j.id,
-		Object:  "chat.completion",
-		Created: c.j.created,
-		Model:   c.cfg.Model,
-		Choices: []chatChoice{{Message: msg, FinishReason: finishReason(c.j)}},
-		Usage:   newOpenAIUsage(c.j, res),
-	}
-	out.Metrics, out.Timings = timing(c.cfg.Timings, res)
-	return out
+	choice := chatChoice{Message: msg, FinishReason: finishReason(c.j)}
+	return wholeObject(c.cfg, c.j, "chat.completion", []chatChoice{choice}, res)
 }
-
-func (*chat) errorBody(status int, msg string) any { return newOpenAIError(status, msg) }

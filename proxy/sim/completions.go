@@ -11,12 +11,12 @@ import (
 // reasoning, the last chunk carrying finish_reason, then the usage-only
 // chunk if stream_options.include_usage, then [DONE].
 type completion struct {
-	cfg          *Config
-	j            *job
-	includeUsage bool
+	openAIStream[completionChoice]
 }
 
-func newCompletion(s *Server) protocol { return &completion{cfg: &s.cfg} }
+func newCompletion(s *Server) protocol {
+	return &completion{openAIStream[completionChoice]{cfg: &s.cfg, chunkObject: "text_completion"}}
+}
 
 func (*completion) prefix() string { return "cmpl-" }
 
@@ -45,20 +45,8 @@ func (c *completion) parse(body []byte, j *job) error {
 	j.prompt = prompt
 	j.maxTokens, j.limited = tokenLimit(req.MaxTokens)
 	j.stream = req.Stream
-	c.j = j
-	c.includeUsage = req.Stream && req.StreamOptions.IncludeUsage
+	c.bind(j, req.StreamOptions.IncludeUsage)
 	return nil
-}
-
-type completionChunk struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *openAIUsage       `json:"usage,omitempty"`
-	Metrics *vllmMetrics       `json:"metrics,omitempty"`
-	Timings *llamaTimings      `json:"timings,omitempty"`
 }
 
 type completionChoice struct {
@@ -69,46 +57,19 @@ type completionChoice struct {
 	StopReason   *string   `json:"stop_reason"`
 }
 
-func (c *completion) chunk(choices []completionChoice) *completionChunk {
-	return &completionChunk{
-		ID:      c.j.id,
-		Object:  "text_completion",
-		Created: c.j.created,
-		Model:   c.cfg.Model,
-		Choices: choices,
-	}
-}
-
 func (*completion) open(*eventWriter, *result) error { return nil }
 
 func (c *completion) delta(e *eventWriter, res *result, d delta) error {
-	chunk := c.chunk([]completionChoice{{Text: d.text}})
+	chunk := c.chunk(completionChoice{Text: d.text})
 	if d.last {
 		chunk.Choices[0].FinishReason = finishReason(c.j)
-		if !c.includeUsage {
-			_, chunk.Timings = timing(c.cfg.Timings, res)
-		}
+		chunk.Timings = c.lastTimings(res)
 	}
 	return e.send("", chunk)
 }
 
-func (c *completion) close(e *eventWriter, res *result) error {
-	if c.includeUsage {
-		chunk := c.chunk([]completionChoice{})
-		chunk.Usage = newOpenAIUsage(c.j, res)
-		chunk.Metrics, chunk.Timings = timing(c.cfg.Timings, res)
-		if err := e.send("", chunk); err != nil {
-			return err
-		}
-	}
-	return e.done()
-}
-
 func (c *completion) body(res *result) any {
-	out := c.chunk([]completionChoice{{Text: res.content.String(), FinishReason: finishReason(c.j)}})
-	out.Usage = newOpenAIUsage(c.j, res)
-	out.Metrics, out.Timings = timing(c.cfg.Timings, res)
-	return out
+	// A whole completion is a "text_completion" too, as vLLM sends it.
+	choice := completionChoice{Text: res.content.String(), FinishReason: finishReason(c.j)}
+	return wholeObject(c.cfg, c.j, c.chunkObject, []completionChoice{choice}, res)
 }
-
-func (*completion) errorBody(status int, msg string) any { return newOpenAIError(status, msg) }

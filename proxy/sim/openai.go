@@ -12,6 +12,84 @@ var jsonNull = json.RawMessage("null")
 // The shapes shared by the OpenAI chat completions and completions
 // endpoints, as vLLM serializes them (field order included).
 
+// openAIObject is every object the two endpoints send, a streamed chunk or
+// a whole response: only the object name and the choices' type differ.
+// Usage is set on a whole response and on the usage-only chunk.
+type openAIObject[C any] struct {
+	ID      string        `json:"id"`
+	Object  string        `json:"object"`
+	Created int64         `json:"created"`
+	Model   string        `json:"model"`
+	Choices []C           `json:"choices"`
+	Usage   *openAIUsage  `json:"usage,omitempty"`
+	Metrics *vllmMetrics  `json:"metrics,omitempty"`
+	Timings *llamaTimings `json:"timings,omitempty"`
+}
+
+// openAIStream is the part of a chat completions or completions protocol
+// that does not depend on the endpoint: the bound job, whether the stream
+// ends with a usage-only chunk, the stream's close and the error body.
+// Like the protocol that embeds it, it serves one request.
+type openAIStream[C any] struct {
+	cfg          *Config
+	j            *job
+	chunkObject  string // the "object" of a streamed chunk
+	includeUsage bool   // stream_options.include_usage, on a stream
+}
+
+// bind binds the stream to j once parse has filled it; includeUsage is
+// the request's stream_options.include_usage.
+func (o *openAIStream[C]) bind(j *job, includeUsage bool) {
+	o.j = j
+	o.includeUsage = j.stream && includeUsage
+}
+
+func newOpenAIObject[C any](cfg *Config, j *job, object string, choices []C) *openAIObject[C] {
+	return &openAIObject[C]{
+		ID:      j.id,
+		Object:  object,
+		Created: j.created,
+		Model:   cfg.Model,
+		Choices: choices,
+	}
+}
+
+// wholeObject is an object with the usage and the engine timing: a
+// non-stream response, or the usage-only chunk.
+func wholeObject[C any](cfg *Config, j *job, object string, choices []C, res *result) *openAIObject[C] {
+	out := newOpenAIObject(cfg, j, object, choices)
+	out.Usage = newOpenAIUsage(j, res)
+	out.Metrics, out.Timings = timing(cfg.Timings, res)
+	return out
+}
+
+// chunk is a streamed chunk of one choice.
+func (o *openAIStream[C]) chunk(choice C) *openAIObject[C] {
+	return newOpenAIObject(o.cfg, o.j, o.chunkObject, []C{choice})
+}
+
+// lastTimings is the llama.cpp timings the last output chunk carries, as
+// llama.cpp puts them there, unless a usage-only chunk follows to carry them.
+func (o *openAIStream[C]) lastTimings(res *result) *llamaTimings {
+	if o.includeUsage {
+		return nil
+	}
+	_, t := timing(o.cfg.Timings, res)
+	return t
+}
+
+// close sends the usage-only chunk if stream_options.include_usage, then [DONE].
+func (o *openAIStream[C]) close(e *eventWriter, res *result) error {
+	if o.includeUsage {
+		if err := e.send("", wholeObject(o.cfg, o.j, o.chunkObject, []C{}, res)); err != nil {
+			return err
+		}
+	}
+	return e.done()
+}
+
+func (*openAIStream[C]) errorBody(status int, msg string) any { return newOpenAIError(status, msg) }
+
 type openAIUsage struct {
 	PromptTokens            int                `json:"prompt_tokens"`
 	TotalTokens             int                `json:"total_tokens"`

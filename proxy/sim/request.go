@@ -2,10 +2,12 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -26,50 +28,69 @@ type knobs struct {
 
 func parseKnobs(h http.Header) (knobs, error) {
 	k := knobs{failAfter: -1, eventGap: -1, prefill: -1, length: -1, truncAfter: -1}
-	var err error
-	if v := h.Get("X-Sim-Status"); v != "" {
-		if k.status, err = strconv.Atoi(v); err != nil || k.status < 400 || k.status > 599 {
-			return k, fmt.Errorf("sim: bad X-Sim-Status %q: want 400..599", v)
-		}
+	reportCached := true
+	// Every knob is parsed; the first malformed one, in this order, is the
+	// error.
+	err := cmp.Or(
+		intKnob(h, "X-Sim-Status", &k.status, 400, 599, "400..599"),
+		intKnob(h, "X-Sim-Fail-Attempts", &k.failAttempts, 0, math.MaxInt, "a count"),
+		intKnob(h, "X-Sim-Fail-After-Events", &k.failAfter, 0, math.MaxInt, "a count"),
+		durationKnob(h, "X-Sim-Event-Gap", &k.eventGap, "50ms"),
+		durationKnob(h, "X-Sim-Prefill", &k.prefill, "2s"),
+		boolKnob(h, "X-Sim-Report-Cached", &reportCached),
+		intKnob(h, "X-Sim-Truncate-After-Events", &k.truncAfter, 0, math.MaxInt, "a count"),
+		intKnob(h, "X-Sim-Completion-Tokens", &k.length, 1, math.MaxInt, "a count >= 1"),
+	)
+	k.hideCached = !reportCached
+	return k, err
+}
+
+// intKnob sets *dst to header name, an integer in [lo, hi], when it is
+// present; want says what a malformed value should have been.
+func intKnob(h http.Header, name string, dst *int, lo, hi int, want string) error {
+	v := h.Get(name)
+	if v == "" {
+		return nil
 	}
-	if v := h.Get("X-Sim-Fail-Attempts"); v != "" {
-		if k.failAttempts, err = strconv.Atoi(v); err != nil || k.failAttempts < 0 {
-			return k, fmt.Errorf("sim: bad X-Sim-Fail-Attempts %q: want a count", v)
-		}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return badKnob(name, v, want)
 	}
-	if v := h.Get("X-Sim-Fail-After-Events"); v != "" {
-		if k.failAfter, err = strconv.Atoi(v); err != nil || k.failAfter < 0 {
-			return k, fmt.Errorf("sim: bad X-Sim-Fail-After-Events %q: want a count", v)
-		}
+	*dst = n
+	return nil
+}
+
+// durationKnob sets *dst to header name, a non-negative duration, when it
+// is present; example is one in the error.
+func durationKnob(h http.Header, name string, dst *time.Duration, example string) error {
+	v := h.Get(name)
+	if v == "" {
+		return nil
 	}
-	if v := h.Get("X-Sim-Event-Gap"); v != "" {
-		if k.eventGap, err = time.ParseDuration(v); err != nil || k.eventGap < 0 {
-			return k, fmt.Errorf("sim: bad X-Sim-Event-Gap %q: want a duration such as 50ms", v)
-		}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return badKnob(name, v, "a duration such as "+example)
 	}
-	if v := h.Get("X-Sim-Prefill"); v != "" {
-		if k.prefill, err = time.ParseDuration(v); err != nil || k.prefill < 0 {
-			return k, fmt.Errorf("sim: bad X-Sim-Prefill %q: want a duration such as 2s", v)
-		}
+	*dst = d
+	return nil
+}
+
+// boolKnob sets *dst to header name when it is present.
+func boolKnob(h http.Header, name string, dst *bool) error {
+	v := h.Get(name)
+	if v == "" {
+		return nil
 	}
-	if v := h.Get("X-Sim-Report-Cached"); v != "" {
-		report, err := strconv.ParseBool(v)
-		if err != nil {
-			return k, fmt.Errorf("sim: bad X-Sim-Report-Cached %q: want true or false", v)
-		}
-		k.hideCached = !report
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return badKnob(name, v, "true or false")
 	}
-	if v := h.Get("X-Sim-Truncate-After-Events"); v != "" {
-		if k.truncAfter, err = strconv.Atoi(v); err != nil || k.truncAfter < 0 {
-			return k, fmt.Errorf("sim: bad X-Sim-Truncate-After-Events %q: want a count", v)
-		}
-	}
-	if v := h.Get("X-Sim-Completion-Tokens"); v != "" {
-		if k.length, err = strconv.Atoi(v); err != nil || k.length < 1 {
-			return k, fmt.Errorf("sim: bad X-Sim-Completion-Tokens %q: want a count >= 1", v)
-		}
-	}
-	return k, nil
+	*dst = b
+	return nil
+}
+
+func badKnob(name, value, want string) error {
+	return fmt.Errorf("sim: bad %s %q: want %s", name, value, want)
 }
 
 // newJob parses a generation request with p and its knobs.

@@ -11,7 +11,10 @@
 //
 // The engine (admission, slots, prefix cache, prefill and decode timing) is
 // protocol-blind; a protocol value per request renders the engine's events as
-// one API's JSON and SSE. No text is ever generated from the prompt: output is
+// one API's JSON and SSE (handler.go: the interface and a request's life,
+// written once; chat.go, completions.go, messages.go, responses.go: one API
+// each; openai.go: the envelope and stream end the two OpenAI endpoints
+// share). No text is ever generated from the prompt: output is
 // deterministic filler words, one word per token.
 //
 // Timing model, per request:
