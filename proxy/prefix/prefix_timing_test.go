@@ -41,49 +41,34 @@ func agentBody(tb testing.TB, size int) []byte {
 // BenchmarkByteLoop.
 func BenchmarkObserve(b *testing.B) {
 	body := agentBody(b, 1<<20)
-	b.Run("cold", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		b.ReportAllocs()
-		cpu := cpuTime()
-		for b.Loop() {
-			tr, _ := New(Config{})
-			tr.Observe(sse.ProtocolChat, body, t0)
-		}
-		reportCPU(b, cpu)
-	})
-	b.Run("warm", func(b *testing.B) {
-		tr, _ := New(Config{})
-		tr.Observe(sse.ProtocolChat, body, t0)
-		b.SetBytes(int64(len(body)))
-		b.ReportAllocs()
-		cpu := cpuTime()
-		for b.Loop() {
-			tr.Observe(sse.ProtocolChat, body, t0)
-		}
-		reportCPU(b, cpu)
-	})
 	masks := Config{VolatilePatterns: []string{`\d{4}-\d\d-\d\dT[\d:.]+Z?`}, VolatileFields: []string{"tool_calls.id"}}
-	b.Run("masked-cold", func(b *testing.B) {
-		b.SetBytes(int64(len(body)))
-		b.ReportAllocs()
-		cpu := cpuTime()
-		for b.Loop() {
-			tr, _ := New(masks)
-			tr.Observe(sse.ProtocolChat, body, t0)
-		}
-		reportCPU(b, cpu)
-	})
-	b.Run("masked-warm", func(b *testing.B) {
-		tr, _ := New(masks)
-		tr.Observe(sse.ProtocolChat, body, t0)
-		b.SetBytes(int64(len(body)))
-		b.ReportAllocs()
-		cpu := cpuTime()
-		for b.Loop() {
-			tr.Observe(sse.ProtocolChat, body, t0)
-		}
-		reportCPU(b, cpu)
-	})
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		warm bool // the tracker has seen the prompt: only canonicalising and hashing remain
+	}{
+		{"cold", Config{}, false},
+		{"warm", Config{}, true},
+		{"masked-cold", masks, false},
+		{"masked-warm", masks, true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			tr, _ := New(c.cfg)
+			if c.warm {
+				tr.Observe(sse.ProtocolChat, body, t0)
+			}
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			cpu := cpuTime()
+			for b.Loop() {
+				if !c.warm {
+					tr, _ = New(c.cfg)
+				}
+				tr.Observe(sse.ProtocolChat, body, t0)
+			}
+			reportCPU(b, cpu)
+		})
+	}
 }
 
 // reportCPU reports CPU nanoseconds per operation since start.
