@@ -124,6 +124,7 @@ func TestRecorderWindowQuality(t *testing.T) {
 		r, _, _ := newTest(t, Config{SelfCheck: selfcheck.Config{Period: time.Millisecond, PressureDir: t.TempDir()}})
 		require.Equal(t, selfcheck.VerdictUnknown, r.Current().Quality.Verdict)
 		r.SelfCheck().Start()
+		t.Cleanup(r.SelfCheck().Stop) // a failure must not leave the bubble blocked
 		time.Sleep(5 * time.Millisecond)
 		synctest.Wait() // the probe has handled the tick due now
 		cur := r.Current().Quality

@@ -141,6 +141,8 @@ func TestProbeStartStop(t *testing.T) {
 		s.Stop() // not started: nothing
 		s.Start()
 		s.Start() // running: nothing
+		// A failure must not leave the bubble blocked.
+		t.Cleanup(s.Stop)
 		time.Sleep(10 * time.Millisecond)
 		synctest.Wait() // the probe has handled the tick due now
 		s.Stop()

@@ -40,6 +40,7 @@ func TestSnapshotLastWindow(t *testing.T) {
 		record(r, 0, 7, 0)
 		clk.t = t0.Add(30 * time.Second)
 		w.Start()
+		t.Cleanup(func() { _ = w.Close(context.Background()) }) // a failure must not leave the bubble blocked
 		time.Sleep(20*time.Millisecond - time.Nanosecond)
 		synctest.Wait()
 		code, _ = get("?window=last")

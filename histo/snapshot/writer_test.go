@@ -85,6 +85,7 @@ func TestWriterRotatesEveryInterval(t *testing.T) {
 			w, _ := newWriter(t, Config{Dir: dir, Interval: 5 * time.Millisecond}, r)
 			record(r, 0, 3, 0)
 			w.Start()
+			t.Cleanup(func() { _ = w.Close(context.Background()) }) // a failure must not leave the bubble blocked
 			time.Sleep(5*time.Millisecond - time.Nanosecond)
 			synctest.Wait()
 			require.Len(t, r.Current().Requests, 3, "dir %q: not before the interval", dir)
@@ -147,6 +148,7 @@ func TestWriterDiskFull(t *testing.T) {
 			return &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
 		}
 		w.Start()
+		t.Cleanup(func() { _ = w.Close(context.Background()) })
 		time.Sleep(50 * time.Microsecond) // no request at the instant of a rotation
 		for i := range 105 {              // traffic for 10.5 ms
 			record(r, i, i+1, 0)
@@ -186,6 +188,13 @@ func TestWriterHungDisk(t *testing.T) {
 		release := make(chan struct{})
 		w.write = func(*os.File, []byte) error { <-release; return errors.New("too late") }
 		w.Start()
+		t.Cleanup(func() { // a failure must not leave the bubble blocked
+			select {
+			case <-release:
+			default:
+				close(release)
+			}
+		})
 		for i := range 6 {
 			record(r, i, i+1, 0)
 			w.offer(r.Rotate()) // never blocks
