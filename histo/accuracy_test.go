@@ -131,13 +131,12 @@ type burstReq struct {
 // proxy nor anyone outside the engine can see (docs/queue-split.md).
 func (s *accStack) burst(t *testing.T, reqs []burstReq) {
 	t.Helper()
-	inEngine := func() int64 { st := s.sim.Stats(); return int64(st.Active+st.Queued) + st.Completed }
-	before := inEngine()
+	before := enqueued(s.sim)
 	var wg sync.WaitGroup
 	for i, r := range reqs {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.send(t, r.id, r.body) }()
-		require.Eventually(t, func() bool { return inEngine() > before+int64(i) }, 5*time.Second, 200*time.Microsecond)
+		waitEnqueued(t, s.sim, before+int64(i))
 	}
 	wg.Wait()
 }

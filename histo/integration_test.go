@@ -22,9 +22,10 @@ import (
 
 // stack is a proxy in front of an upstream, recording into a real Recorder.
 type stack struct {
-	base string
-	rec  *histo.Recorder
-	reg  *prometheus.Registry
+	base  string
+	rec   *histo.Recorder
+	reg   *prometheus.Registry
+	proxy *proxy.Proxy
 }
 
 func newStack(t *testing.T, upstream string, pcfg proxy.Config, hcfg histo.Config) *stack {
@@ -40,10 +41,18 @@ func newStack(t *testing.T, upstream string, pcfg proxy.Config, hcfg histo.Confi
 	srv := p.Server()
 	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
 	t.Cleanup(func() { _ = srv.Shutdown() })
-	return &stack{base: "http://" + ln.Addr().String(), rec: rec, reg: reg}
+	return &stack{base: "http://" + ln.Addr().String(), rec: rec, reg: reg, proxy: p}
 }
 
 func simUpstream(t *testing.T, cfg sim.Config) string {
+	t.Helper()
+	_, url := simServer(t, cfg)
+	return url
+}
+
+// simServer is simUpstream with the engine itself, whose Stats and Truth
+// let a test wait for a request to reach it and compare with what it knows.
+func simServer(t *testing.T, cfg sim.Config) (*sim.Server, string) {
 	t.Helper()
 	s, err := sim.New(cfg)
 	require.NoError(t, err)
@@ -51,7 +60,23 @@ func simUpstream(t *testing.T, cfg sim.Config) string {
 	hs.Config = s.HTTPServer() // the sim's idle keep-alive close (5 s), as uvicorn's
 	hs.Start()
 	t.Cleanup(hs.Close)
-	return hs.URL
+	return s, hs.URL
+}
+
+// enqueued is the number of requests the engine has taken into a slot or
+// its FIFO queue so far. Waiting for it to pass n before sending the next
+// request orders the requests in the engine: requests that reach it within
+// the same few microseconds could otherwise be queued in either order.
+func enqueued(s *sim.Server) int64 {
+	st := s.Stats()
+	return int64(st.Active+st.Queued) + st.Completed
+}
+
+// waitEnqueued waits until the engine has enqueued more than n requests.
+func waitEnqueued(t *testing.T, s *sim.Server, n int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return enqueued(s) > n }, 10*time.Second, 200*time.Microsecond,
+		"the engine never received request %d", n+1)
 }
 
 func (s *stack) post(t *testing.T, body string, header ...string) {
@@ -148,44 +173,113 @@ func TestPhasesMatchScriptedUpstream(t *testing.T) {
 	t.Fatalf("no run within %v of the truth: %v", tol, failures)
 }
 
-func TestQueueSourceServer(t *testing.T) {
-	up := simUpstream(t, sim.Config{Slots: 1, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 2000, Timings: sim.TimingVLLM})
-	s := newStack(t, up, proxy.Config{}, histo.Config{EngineSlots: 1})
-	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.post(t, chatBody(fmt.Sprintf("prompt %d", i), 100)) }()
-		time.Sleep(10 * time.Millisecond)
+// byOutput returns the record of the request that generated outputTokens
+// (each request of a test asks for a different length), among the n most
+// recent.
+func (s *stack) byOutput(t *testing.T, n, outputTokens int) histo.Request {
+	t.Helper()
+	for _, rq := range s.rec.Recent(n) {
+		if int(rq.OutputTokens) == outputTokens {
+			return rq
+		}
 	}
-	wg.Wait()
-	rqs := s.rec.Recent(2)
-	require.Len(t, rqs, 2)
-	for _, rq := range rqs {
-		require.Equal(t, histo.SourceServer, rq.QueueSource)
-		require.True(t, rq.Queue.Known())
-	}
-	require.Greater(t, rqs[0].Queue.Millis(), 20.0, "the second request (newest) waited for the only slot")
+	t.Fatalf("no record with %d output tokens", outputTokens)
+	return histo.Request{}
 }
 
-func TestQueueSourceLimiter(t *testing.T) {
-	up := simUpstream(t, sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 2000})
-	s := newStack(t, up, proxy.Config{MaxInflight: 1}, histo.Config{})
+// stampAt is the wall-clock time of one of rq's stamps (a span from its
+// t_recv): a test compares the stamps of two requests with it.
+func stampAt(rq histo.Request, stamp histo.Span) time.Time { return rq.Start.Add(time.Duration(stamp)) }
+
+// TestQueueSourceServer: an engine that reports each request's queue time
+// (vLLM's per-request metrics) is believed: the proxy's queue and prefill
+// are the engine's own, for the request that waited for the only slot and
+// for the one that held it.
+func TestQueueSourceServer(t *testing.T) {
+	engine, up := simServer(t, sim.Config{Slots: 1, PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 2000, Timings: sim.TimingVLLM})
+	s := newStack(t, up, proxy.Config{}, histo.Config{EngineSlots: 1})
 	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); s.post(t, chatBody(fmt.Sprintf("prompt %d", i), 100)) }()
-		time.Sleep(10 * time.Millisecond)
-	}
+	// The first holds the only slot for 300 ms of prefill and 50 ms of
+	// decode; the second is sent once the engine has taken the first, so it
+	// waits for the slot unless the machine delays it by all of that.
+	wg.Go(func() { s.post(t, chatBody("prompt 0", 100), "X-Request-Id", "held", "X-Sim-Prefill", "300ms") })
+	waitEnqueued(t, engine, 0)
+	wg.Go(func() { s.post(t, chatBody("prompt 1", 101), "X-Request-Id", "waited") })
 	wg.Wait()
+	s.last(t, 2)
+	for id, tokens := range map[string]int{"held": 100, "waited": 101} {
+		rq := s.byOutput(t, 2, tokens)
+		truth, ok := engine.Truth(id)
+		require.True(t, ok, id)
+		require.Equal(t, histo.SourceServer, rq.QueueSource, id)
+		require.True(t, rq.Queue.Known(), id)
+		// The engine reports microseconds; the proxy adds no queue of its own.
+		require.InDelta(t, float64(truth.Queue), float64(rq.Queue), float64(time.Microsecond), id)
+		require.InDelta(t, float64(truth.Prefill), float64(rq.Prefill), float64(time.Microsecond), id)
+	}
+	held, _ := engine.Truth("held")
+	waited, _ := engine.Truth("waited")
+	require.GreaterOrEqual(t, held.Prefill, 300*time.Millisecond, "X-Sim-Prefill")
+	require.Greater(t, waited.Queue, 20*time.Millisecond, "the second waited for the only slot (a premise, not the check)")
+}
+
+// TestQueueSourceLimiter: with --max-inflight 1, a request that arrives
+// while another holds the only slot waits in the proxy's limiter until that
+// one ends, and the wait is its queue (queue_source "limiter"). An upstream
+// that holds the first request until the test lets it go orders the two;
+// the bounds on the wait are causal, not guessed from a machine's speed.
+func TestQueueSourceLimiter(t *testing.T) {
+	var mu sync.Mutex
+	upArrived := map[string]time.Time{} // when each request reached the upstream
+	reached, release := make(chan struct{}, 2), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("X-Request-Id")
+		mu.Lock()
+		upArrived[id] = time.Now()
+		mu.Unlock()
+		reached <- struct{}{}
+		if id == "first" {
+			<-release
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}`+"\n\n"+
+			`data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}`+"\n\n"+"data: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	s := newStack(t, up.URL, proxy.Config{MaxInflight: 1}, histo.Config{})
+
+	var wg sync.WaitGroup
+	wg.Go(func() { s.post(t, chatBody("prompt 0", 1), "X-Request-Id", "first") })
+	<-reached // the first holds the only slot, at the upstream
+	wg.Go(func() { s.post(t, chatBody("prompt 1", 1), "X-Request-Id", "second") })
+	require.Eventually(t, func() bool { return s.proxy.Inflight() == 2 }, 10*time.Second, 100*time.Microsecond,
+		"the second reaches the proxy, whose only slot is taken")
+	const hold = 50 * time.Millisecond
+	time.Sleep(hold) // the wait to measure: a sleep only ever overruns
+	close(release)
+	wg.Wait()
+
 	rqs := s.rec.Recent(2)
 	require.Len(t, rqs, 2)
+	first, second := rqs[0], rqs[1]
+	if first.ID > second.ID { // IDs follow arrival
+		first, second = second, first
+	}
 	for _, rq := range rqs {
 		require.Equal(t, histo.SourceLimiter, rq.QueueSource)
+		require.Equal(t, rq.ProxyQueue, rq.Queue, "the limiter's wait is the whole queue")
+		require.Equal(t, rq.Stamps.Admit, rq.ProxyQueue, "t_admit − t_recv")
 	}
-	first, second := rqs[1], rqs[0] // newest first
-	// The second waited in the limiter until the first ended (~50 ms of decode).
-	require.InDelta(t, first.E2E.Millis()-10, second.Queue.Millis(), 10)
-	require.InDelta(t, second.ProxyQueue.Millis(), second.Queue.Millis(), 0.001)
+	at := stampAt
+	const slack = time.Millisecond // Start is wall clock, the stamps monotonic
+	// The first was admitted at once: before it reached the upstream.
+	require.False(t, at(first, first.Stamps.Admit).After(upArrived["first"].Round(0).Add(slack)))
+	// The second waited at least as long as the first was held, was let in
+	// only once the first had ended, and before it reached the upstream.
+	require.GreaterOrEqual(t, time.Duration(second.Queue), hold)
+	require.False(t, at(second, second.Stamps.Admit).Before(at(first, first.Stamps.End).Add(-slack)),
+		"admitted at %v, before the first ended at %v", at(second, second.Stamps.Admit), at(first, first.Stamps.End))
+	require.False(t, at(second, second.Stamps.Admit).After(upArrived["second"].Round(0).Add(slack)))
 }
 
 // TestQueueSourceOccupancy: without engine timing or a limiter, the
@@ -205,29 +299,29 @@ func TestQueueSourceOccupancy(t *testing.T) {
 	require.Equal(t, histo.SourceOccupancy, first.QueueSource)
 	require.Equal(t, histo.Span(0), first.Queue, "nothing was ahead of it")
 
+	// burst-0 holds the only slot for 25 ms of prefill and 150 ms of
+	// decode; burst-1 is sent once the engine has taken it, and waits.
+	burst := []struct {
+		id     string
+		tokens int
+	}{{"burst-0", 300}, {"burst-1", 101}}
 	var wg sync.WaitGroup
-	for i := 0; i < 2; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.post(t, chatBody(long(100+i), 100+i), "X-Request-Id", fmt.Sprint("burst-", i))
-		}()
-		time.Sleep(5 * time.Millisecond)
+	for i, b := range burst {
+		wg.Go(func() { s.post(t, chatBody(long(100+i), b.tokens), "X-Request-Id", b.id) })
+		waitEnqueued(t, engine, 1+int64(i))
 	}
 	wg.Wait()
-	// Whichever reached the engine second waited for the other: compare
-	// each with the engine's record of it.
-	var waited time.Duration
-	for _, rq := range s.rec.Recent(2) {
-		id := fmt.Sprint("burst-", int(rq.OutputTokens)-100)
-		truth, ok := engine.Truth(id)
-		require.True(t, ok, id)
-		waited = max(waited, truth.Queue)
-		require.Equal(t, histo.SourceOccupancy, rq.QueueSource, id)
-		require.InDelta(t, float64(truth.Queue), float64(rq.Queue), float64(25*time.Millisecond), id)
-		require.InDelta(t, float64(truth.Prefill), float64(rq.Prefill), float64(25*time.Millisecond), id)
+	s.last(t, 3)
+	for _, b := range burst {
+		rq := s.byOutput(t, 2, b.tokens)
+		truth, ok := engine.Truth(b.id)
+		require.True(t, ok, b.id)
+		require.Equal(t, histo.SourceOccupancy, rq.QueueSource, b.id)
+		require.InDelta(t, float64(truth.Queue), float64(rq.Queue), float64(25*time.Millisecond), b.id)
+		require.InDelta(t, float64(truth.Prefill), float64(rq.Prefill), float64(25*time.Millisecond), b.id)
 	}
-	require.Greater(t, waited, 30*time.Millisecond, "one waited for the other")
+	waited, _ := engine.Truth("burst-1")
+	require.Greater(t, waited.Queue, 30*time.Millisecond, "burst-1 waited for burst-0 (a premise, not the check)")
 }
 
 // TestLabelFloodBounded: 10,000 distinct model names keep the series bounded.

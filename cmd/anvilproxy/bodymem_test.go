@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,9 +43,19 @@ func TestLargeBodiesMemory(t *testing.T) {
 	if _, err := os.Stat("/proc/self/status"); err != nil {
 		t.Skip("needs /proc")
 	}
+	const n = 8
+	var arrived atomic.Int32
+	all := make(chan struct{}) // closed when the upstream holds all eight at once
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
-		time.Sleep(200 * time.Millisecond) // all eight are held at once
+		if arrived.Add(1) == n {
+			close(all)
+		}
+		select {
+		case <-all:
+		case <-time.After(time.Minute):
+			t.Error("the proxy never held all eight bodies at once")
+		}
 		io.WriteString(w, `{"choices":[]}`)
 	}))
 	t.Cleanup(up.Close)
@@ -52,7 +63,7 @@ func TestLargeBodiesMemory(t *testing.T) {
 	msg := `{"role":"user","content":"` + strings.Repeat("a", 1<<20) + `"},`
 	body := []byte(`{"model":"m","messages":[` + strings.TrimSuffix(strings.Repeat(msg, 57), ",") + `]}`)
 	var wg sync.WaitGroup
-	codes := make([]int, 8)
+	codes := make([]int, n)
 	for i := range codes {
 		wg.Add(1)
 		go func() {

@@ -158,10 +158,31 @@ func startProcWith(t *testing.T, command func(string, ...string) *exec.Cmd, snap
 	return s
 }
 
+// signal sends SIGTERM and returns when: stamped before sending, so that
+// a duration measured from it is never short, however late this goroutine
+// runs again.
 func (s *proc) signal(t *testing.T) time.Time {
 	t.Helper()
+	at := time.Now()
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
-	return time.Now()
+	return at
+}
+
+// hasExited reports whether the process has exited.
+func (s *proc) hasExited() bool {
+	select {
+	case <-s.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitLog waits until the process has logged a line containing substr.
+func (s *proc) waitLog(t *testing.T, substr string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(s.stderr.String(), substr) }, 10*time.Second, 2*time.Millisecond,
+		"no %s in the log:\n%s", substr, s.stderr.String())
 }
 
 // wait waits up to d for the process to exit and returns its exit code.
@@ -212,6 +233,20 @@ func (u *tapUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Context().Err() != nil {
 		u.dropped.Add(1)
 	}
+}
+
+// begun is the number of test streams (requests with an X-Test-Id) whose
+// response body the upstream has begun to send.
+func (u *tapUpstream) begun() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for id, b := range u.sent {
+		if id != "" && b.Len() > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 func (u *tapUpstream) body(id string) string {

@@ -22,13 +22,20 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	up, upURL := startTapSim(t, 60) // 90 tokens: 1.5 s a stream
 	s := startProc(t, upURL)
 	results := startStreams(s.proxyURL, streams, 90)
-	require.Eventually(t, func() bool { return up.active.Load() == streams }, 5*time.Second, 5*time.Millisecond)
-	time.Sleep(200 * time.Millisecond) // every stream is past its first events
+	require.Eventually(t, func() bool { return up.begun() == streams }, 10*time.Second, 5*time.Millisecond,
+		"every stream is past its first events")
 	s.signal(t)
 
-	time.Sleep(300 * time.Millisecond)
-	_, err := net.DialTimeout("tcp", strings.TrimPrefix(s.proxyURL, "http://"), time.Second)
-	require.Error(t, err, "the listener still accepts after SIGTERM")
+	// The listener closes while the streams still drain (1.5 s of them):
+	// a refused dial after the exit would prove nothing.
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", strings.TrimPrefix(s.proxyURL, "http://"), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	}, 10*time.Second, 5*time.Millisecond, "the listener still accepts after SIGTERM")
+	require.False(t, s.hasExited(), "the check must come while the streams drain")
 
 	for i := 0; i < streams; i++ {
 		r := <-results
@@ -60,9 +67,9 @@ func TestShutdownDeadlineForcesAbort(t *testing.T) {
 	up, upURL := startTapSim(t, 20) // 200 tokens: 10 s a stream
 	s := startProc(t, upURL, "--shutdown-grace", "1s")
 	results := startStreams(s.proxyURL, streams, 200)
-	require.Eventually(t, func() bool { return up.active.Load() == streams }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return up.begun() == streams }, 10*time.Second, 5*time.Millisecond,
+		"every stream is past its first events: its client has its 200")
 	shortRequest(t, s.proxyURL)
-	time.Sleep(200 * time.Millisecond)
 	signalled := s.signal(t)
 	s.wait(t, 5*time.Second)
 	t.Logf("exited %v after SIGTERM", s.exitedAt.Sub(signalled).Round(time.Millisecond))
@@ -118,7 +125,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	results := startStreams(s.proxyURL, 2, 200)
 	require.Eventually(t, func() bool { return up.active.Load() == 2 }, 5*time.Second, 5*time.Millisecond)
 	s.signal(t)
-	time.Sleep(300 * time.Millisecond)
+	s.waitLog(t, `"msg":"shutting down"`) // the first signal is being handled
 	again := s.signal(t)
 	require.Equal(t, 1, s.wait(t, 3*time.Second))
 	require.Less(t, s.exitedAt.Sub(again), time.Second)

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,19 +75,33 @@ func TestWriterFinalSnapshot(t *testing.T) {
 	require.Len(t, snapshotFiles(t, dir), 2)
 }
 
-// TestWriterRotatesEveryInterval: the ticker ends windows, with or without
-// a directory.
+// TestWriterRotatesEveryInterval: the ticker ends a window every
+// Interval, not before, with or without a directory. In a bubble the
+// interval is exact.
 func TestWriterRotatesEveryInterval(t *testing.T) {
 	for _, dir := range []string{"", t.TempDir()} {
-		r, _ := newRecorder(t, histo.Config{})
-		w, _ := newWriter(t, Config{Dir: dir, Interval: 5 * time.Millisecond}, r)
-		record(r, 0, 3, 0)
-		w.Start()
-		require.Eventually(t, func() bool { return len(r.Current().Requests) == 0 }, 5*time.Second, time.Millisecond, "dir %q", dir)
-		require.NoError(t, w.Close(context.Background()))
-		if dir != "" {
-			require.Len(t, snapshotFiles(t, dir), 1)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			r, _ := newRecorder(t, histo.Config{})
+			w, _ := newWriter(t, Config{Dir: dir, Interval: 5 * time.Millisecond}, r)
+			record(r, 0, 3, 0)
+			w.Start()
+			t.Cleanup(func() { _ = w.Close(context.Background()) }) // a failure must not leave the bubble blocked
+			time.Sleep(5*time.Millisecond - time.Nanosecond)
+			synctest.Wait()
+			require.Len(t, r.Current().Requests, 3, "dir %q: not before the interval", dir)
+			time.Sleep(time.Nanosecond)
+			synctest.Wait() // the window is rotated and written
+			require.Empty(t, r.Current().Requests, "dir %q: rotated at the interval", dir)
+			record(r, 3, 5, 0)
+			time.Sleep(5 * time.Millisecond)
+			synctest.Wait()
+			require.Empty(t, r.Current().Requests, "dir %q: and at the next", dir)
+			require.NoError(t, w.Close(context.Background()))
+			if dir != "" {
+				require.Len(t, snapshotFiles(t, dir), 2, "one file per window with requests")
+			}
+			require.Equal(t, 0.0, testutil.ToFloat64(w.errs))
+		})
 	}
 }
 
@@ -122,35 +136,36 @@ func TestWriterRetention(t *testing.T) {
 
 // TestWriterDiskFull: every write fails as on a full disk. The errors are
 // counted, logged once per interval, no partial file is left, and traffic
-// is recorded and windows rotate as if nothing happened.
+// is recorded and windows rotate as if nothing happened. In a bubble the
+// windows end on time: 5 intervals, 5 failed windows.
 func TestWriterDiskFull(t *testing.T) {
-	dir := t.TempDir()
-	r, _ := newRecorder(t, histo.Config{})
-	w, logs := newWriter(t, Config{Dir: dir, Interval: 2 * time.Millisecond}, r)
-	var traffic sync.WaitGroup
-	w.write = func(f *os.File, b []byte) error {
-		_, _ = f.Write(b[:len(b)/2])
-		return &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
-	}
-	w.Start()
-	traffic.Add(1)
-	go func() { // traffic
-		defer traffic.Done()
-		deadline := time.Now().Add(10 * time.Second)
-		for i := 0; testutil.ToFloat64(w.errs) < 5 && time.Now().Before(deadline); i++ {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		r, _ := newRecorder(t, histo.Config{})
+		w, logs := newWriter(t, Config{Dir: dir, Interval: 2 * time.Millisecond}, r)
+		w.write = func(f *os.File, b []byte) error {
+			_, _ = f.Write(b[:len(b)/2])
+			return &os.PathError{Op: "write", Path: f.Name(), Err: syscall.ENOSPC}
+		}
+		w.Start()
+		t.Cleanup(func() { _ = w.Close(context.Background()) })
+		time.Sleep(50 * time.Microsecond) // no request at the instant of a rotation
+		for i := range 105 {              // traffic for 10.5 ms
 			record(r, i, i+1, 0)
 			time.Sleep(100 * time.Microsecond)
 		}
-	}()
-	traffic.Wait()
-	require.GreaterOrEqual(t, testutil.ToFloat64(w.errs), 5.0)
-	require.NoError(t, w.Close(context.Background()))
+		synctest.Wait()
+		require.Equal(t, 5.0, testutil.ToFloat64(w.errs))
+		require.Len(t, r.Current().Requests, 5, "the window in progress: 0.5 ms of traffic")
+		require.NoError(t, w.Close(context.Background()))
+		require.Equal(t, 6.0, testutil.ToFloat64(w.errs), "and the final window")
 
-	require.Empty(t, snapshotFiles(t, dir), "no snapshot and no temporary file")
-	require.Zero(t, testutil.ToFloat64(w.written))
-	failed := logs.FilterMessage("snapshot not written").All()
-	require.NotEmpty(t, failed)
-	require.ErrorIs(t, failed[0].Context[1].Interface.(error), syscall.ENOSPC)
+		require.Empty(t, snapshotFiles(t, dir), "no snapshot and no temporary file")
+		require.Zero(t, testutil.ToFloat64(w.written))
+		failed := logs.FilterMessage("snapshot not written").All()
+		require.NotEmpty(t, failed)
+		require.ErrorIs(t, failed[0].Context[1].Interface.(error), syscall.ENOSPC)
+	})
 }
 
 func TestWriterLogsOncePerInterval(t *testing.T) {
@@ -167,21 +182,31 @@ func TestWriterLogsOncePerInterval(t *testing.T) {
 // answer, rotation never waits: windows beyond the queue are dropped and
 // counted, and Close gives up at its deadline.
 func TestWriterHungDisk(t *testing.T) {
-	r, _ := newRecorder(t, histo.Config{})
-	w, _ := newWriter(t, Config{Dir: t.TempDir(), Interval: time.Hour}, r)
-	release := make(chan struct{})
-	w.write = func(*os.File, []byte) error { <-release; return errors.New("too late") }
-	w.Start()
-	for i := range 6 {
-		record(r, i, i+1, 0)
-		w.offer(r.Rotate()) // never blocks
-	}
-	require.GreaterOrEqual(t, testutil.ToFloat64(w.errs), 3.0, "6 windows, 1 being written, 2 queued")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
-	defer cancel()
-	require.ErrorIs(t, w.Close(ctx), context.DeadlineExceeded)
-	close(release)
-	<-w.finished // before the directory is removed
+	synctest.Test(t, func(t *testing.T) {
+		r, _ := newRecorder(t, histo.Config{})
+		w, _ := newWriter(t, Config{Dir: t.TempDir(), Interval: time.Hour}, r)
+		release := make(chan struct{})
+		w.write = func(*os.File, []byte) error { <-release; return errors.New("too late") }
+		w.Start()
+		t.Cleanup(func() { // a failure must not leave the bubble blocked
+			select {
+			case <-release:
+			default:
+				close(release)
+			}
+		})
+		for i := range 6 {
+			record(r, i, i+1, 0)
+			w.offer(r.Rotate()) // never blocks
+			synctest.Wait()     // the first is taken up by the writer, which hangs
+		}
+		require.Equal(t, 3.0, testutil.ToFloat64(w.errs), "6 windows, 1 being written, 2 queued")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+		defer cancel()
+		require.ErrorIs(t, w.Close(ctx), context.DeadlineExceeded)
+		close(release)
+		<-w.finished // before the directory is removed
+	})
 }
 
 func TestIsSnapshotName(t *testing.T) {
