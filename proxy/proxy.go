@@ -117,7 +117,8 @@ func (p *Proxy) Abort() {
 	p.pool.abortAll()
 }
 
-// Inflight returns the number of requests being served.
+// Inflight returns the number of requests being served: counted from
+// the handler's start until their Trace has been recorded.
 func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
 
 // UpstreamConns returns the number of open upstream connections.
@@ -357,6 +358,7 @@ func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
 	r.tr.ErrSide, r.tr.ErrKind = row.side, row.kind
 	r.tr.ClientDone = time.Now()
 	p.recordAfterPanic(&r.tr)
+	p.uncount(r)
 }
 
 // recordAfterPanic emits the Trace of a request whose handler panicked, so
@@ -452,13 +454,15 @@ func (p *Proxy) finish(r *relay) {
 	}
 	p.rec.Record(tr)
 	p.logTrace(tr)
+	p.uncount(r)
 	r.reset()
 	p.relays.Put(r)
 }
 
 // release gives back what the request holds: the client watch, the
-// upstream slot, the limiter slot and the in-flight counts. It is
-// idempotent, so the panic path can call it whatever was released before.
+// upstream slot, the limiter slot and the upstream count (Inflight is
+// uncount's). It is idempotent, so the panic path can call it whatever was
+// released before.
 func (p *Proxy) release(r *relay) {
 	r.endWatch()
 	if c := r.up.Swap(nil); c != nil || r.token {
@@ -474,6 +478,12 @@ func (p *Proxy) release(r *relay) {
 		p.upstream.Add(-1)
 		r.admitted = false
 	}
+}
+
+// uncount takes r out of Inflight. It comes after the Trace is recorded,
+// not in release, so that Inflight() == 0 means every request's Trace is
+// in the recorder: shutdown waits for that before its final snapshot.
+func (p *Proxy) uncount(r *relay) {
 	if r.counted {
 		p.inflight.Add(-1)
 		r.counted = false
