@@ -5,7 +5,6 @@ package proxy
 import (
 	"net"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,23 +12,6 @@ import (
 
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
-
-// rawPost sends a request on a fresh connection and returns the connection
-// without reading the response.
-func rawPost(t *testing.T, base, path, body string, header ...string) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-	for i := 0; i+1 < len(header); i += 2 {
-		req += header[i] + ": " + header[i+1] + "\r\n"
-	}
-	req += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
-	_, err = c.Write([]byte(req))
-	require.NoError(t, err)
-	return c
-}
 
 // TestClientLeavesDuringPrefill: a client that gives up before the first
 // token makes the proxy close the upstream connection within 100 ms, so the
@@ -79,6 +61,15 @@ func TestClientLeavesWhileLimited(t *testing.T) {
 	hog.Close()
 }
 
+// watchClient watches conn with a clientWatch of its own and returns its
+// stop: a watch outside a relay, for the tests of the watch itself.
+func watchClient(t *testing.T, conn net.Conn, gone func()) (stop func()) {
+	t.Helper()
+	w := &clientWatch{gone: gone}
+	require.True(t, w.start(conn), "a TCP socket can be watched")
+	return w.stop
+}
+
 // TestWatchStopsWithoutVerdictOnData: pipelined bytes end the watch without
 // calling the client gone.
 func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
@@ -93,7 +84,7 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	defer server.Close()
 
 	gone := make(chan struct{}, 1)
-	stop := watchClient(server, func() { gone <- struct{}{} })
+	stop := watchClient(t, server, func() { gone <- struct{}{} })
 	_, err = client.Write([]byte("GET / HTTP/1.1\r\n"))
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
@@ -110,7 +101,7 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "GET / HTTP/1.1\r\n", string(buf[:n]))
 
-	stop = watchClient(server, func() { gone <- struct{}{} })
+	stop = watchClient(t, server, func() { gone <- struct{}{} })
 	client.Close()
 	select {
 	case <-gone:
