@@ -179,7 +179,7 @@ func TestClientDisconnectClosesUpstream(t *testing.T) {
 	tr := log.next(t)
 	require.Equal(t, SideClient, tr.ErrSide)
 	require.Equal(t, ErrClientGone, tr.ErrKind)
-	require.Eventually(t, func() bool { return p.UpstreamConns() == 0 }, time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return upstreamConns(p) == 0 }, time.Second, 10*time.Millisecond)
 }
 
 // TestMalformedSSEForwardedAndCounted: bad event data and an oversized event

@@ -91,6 +91,13 @@ func rawPost(t *testing.T, base, path, body string, header ...string) net.Conn {
 	return c
 }
 
+// upstreamConns counts p's open upstream connections, idle and busy.
+func upstreamConns(p *Proxy) int {
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	return len(p.pool.idle) + len(p.pool.busy)
+}
+
 // startUpstream serves h on a loopback port.
 func startUpstream(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	t.Helper()

@@ -196,13 +196,6 @@ func (p *pool) abortAll() {
 	}
 }
 
-// conns counts open upstream connections.
-func (p *pool) conns() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.idle) + len(p.busy)
-}
-
 // dialError marks an error as having happened while connecting, so that it
 // maps to 502 "unreachable" rather than a broken response.
 type dialError struct{ err error }
