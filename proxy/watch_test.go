@@ -25,13 +25,18 @@ func TestClientLeavesDuringPrefill(t *testing.T) {
 			base, _ := startProxy(t, Config{Upstream: up}, log)
 			body := `{"stream":` + strconv.FormatBool(stream) + `,"messages":[{"role":"user","content":"long prompt"}]}`
 			c := rawPost(t, base, "/v1/chat/completions", body, "X-Sim-Prefill", "5s")
-			time.Sleep(150 * time.Millisecond) // well inside the prefill
+			// The engine counts a request's prompt as it starts its prefill.
+			require.Eventually(t, func() bool { return s.Stats().PromptTokens > 0 }, 5*time.Second, time.Millisecond, "never reached prefill")
 			left := time.Now()
 			require.NoError(t, c.Close())
 			select {
 			case ev := <-s.Aborts():
 				require.Equal(t, sim.PhasePrefill, ev.Phase)
-				require.Less(t, ev.At.Sub(left), 100*time.Millisecond, "the engine prefilled %v for nobody", ev.At.Sub(left))
+				// The proxy's bound is 100 ms (watchDelay, then the socket is
+				// checked at once); a second leaves room for a loaded machine
+				// and is still far inside the 5 s prefill that a proxy
+				// noticing only at the first token would let run.
+				require.Less(t, ev.At.Sub(left), time.Second, "the engine prefilled %v for nobody", ev.At.Sub(left))
 			case <-time.After(3 * time.Second):
 				t.Fatal("the engine never noticed the client leaving during prefill")
 			}
@@ -49,9 +54,9 @@ func TestClientLeavesWhileLimited(t *testing.T) {
 	log := newTraceLog()
 	base, p := startProxy(t, Config{Upstream: up, MaxInflight: 1}, log)
 	hog := rawPost(t, base, "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}]}`, "X-Sim-Prefill", "2s")
-	require.Eventually(t, func() bool { return p.upstream.Load() == 1 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return p.upstream.Load() == 1 }, 5*time.Second, time.Millisecond)
 	waiter := rawPost(t, base, "/v1/chat/completions", `{"messages":[{"role":"user","content":"b"}]}`)
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return p.limit.waiting.Load() == 1 }, 5*time.Second, time.Millisecond, "the waiter is queued")
 	require.NoError(t, waiter.Close())
 	tr := log.next(t)
 	require.Equal(t, ErrClientGone, tr.ErrKind)
@@ -84,11 +89,18 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	defer server.Close()
 
 	gone := make(chan struct{}, 1)
-	stop := watchClient(t, server, func() { gone <- struct{}{} })
+	w := &clientWatch{gone: func() { gone <- struct{}{} }}
+	require.True(t, w.start(server))
 	_, err = client.Write([]byte("GET / HTTP/1.1\r\n"))
 	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
-	stop()
+	// The hub has registered the socket and peeked at it: the watch ended,
+	// still in the set until stop.
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.state == watchIdle && w.inSet
+	}, 5*time.Second, time.Millisecond, "the hub never looked at the readable socket")
+	w.stop()
 	select {
 	case <-gone:
 		t.Fatal("data was taken for a disconnect")
@@ -101,11 +113,11 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "GET / HTTP/1.1\r\n", string(buf[:n]))
 
-	stop = watchClient(t, server, func() { gone <- struct{}{} })
+	stop := watchClient(t, server, func() { gone <- struct{}{} })
 	client.Close()
 	select {
 	case <-gone:
-	case <-time.After(time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("EOF not reported")
 	}
 	stop()
@@ -143,7 +155,7 @@ func TestWatchDelayedRegistration(t *testing.T) {
 	require.Equal(t, base, hubRegistrations(), "a stopped watch registered late")
 
 	require.True(t, w.start(server))
-	require.Eventually(t, func() bool { return hubRegistrations() == base+1 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return hubRegistrations() == base+1 }, 5*time.Second, time.Millisecond)
 	w.stop()
 	require.Equal(t, base, hubRegistrations())
 
@@ -160,7 +172,7 @@ func TestWatchDelayedRegistration(t *testing.T) {
 	require.NoError(t, client.Close())
 	select {
 	case <-left:
-	case <-time.After(time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("EOF not reported")
 	}
 	require.Equal(t, base+1, hubRegistrations(), "fired, still in the set until stop")
