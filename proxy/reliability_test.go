@@ -378,25 +378,37 @@ func semverOrder(t *testing.T, v string) int {
 }
 
 // TestSSEWithContentLengthFlushedPerEvent (U3): an event stream framed
-// with a Content-Length still reaches the client event by event.
+// with a Content-Length still reaches the client event by event: the
+// upstream holds back the rest of its body until the client has the first
+// event, which a proxy that waited for the whole body would never deliver.
 func TestSSEWithContentLengthFlushedPerEvent(t *testing.T) {
-	const gap = 100 * time.Millisecond
+	firstSeen := make(chan struct{})
+	var heldBack atomic.Bool // the upstream's patience ran out before the client had the first event
 	up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
 		u.readRequest(br)
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n", len(scriptedBody(4)))
-		for i := 0; i < 4; i++ {
+		io.WriteString(c, scriptedEvent(0))
+		select {
+		case <-firstSeen:
+		case <-time.After(5 * time.Second):
+			heldBack.Store(true)
+		}
+		for i := 1; i < 4; i++ {
 			io.WriteString(c, scriptedEvent(i))
-			time.Sleep(gap)
 		}
 		io.WriteString(c, "data: [DONE]\n\n")
 	})
 	base, _ := startProxy(t, Config{Upstream: up.URL()}, newTraceLog())
-	start := time.Now()
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true}`))
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	rest := bufio.NewReader(resp.Body)
+	line, err := rest.ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, scriptedEvent(0)[:len(line)], line)
-	require.Less(t, time.Since(start), 2*gap, "the first event waited for the end of the stream")
+	require.False(t, heldBack.Load(), "the first event waited for the end of the stream")
+	close(firstSeen)
+	all, err := io.ReadAll(rest)
+	require.NoError(t, err)
+	require.Equal(t, scriptedBody(4), line+string(all))
 }
