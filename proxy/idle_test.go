@@ -118,11 +118,14 @@ func TestIdleClosingUpstreamNever502(t *testing.T) {
 // A connection the engine closed while it sat idle is not reused, and the
 // request after the engine's idle timeout gets its answer, not a 502.
 func TestReusedConnectionClosedByEngine(t *testing.T) {
+	engineClosed := make(chan struct{}, 2)
 	up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
 		for {
 			_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond)) // the engine's keep-alive timeout
 			req, _, err := u.readRequest(br)
 			if err != nil {
+				c.Close()
+				engineClosed <- struct{}{}
 				return
 			}
 			body := req.URL.Path
@@ -135,7 +138,11 @@ func TestReusedConnectionClosedByEngine(t *testing.T) {
 	base, p := startProxy(t, Config{Upstream: up.URL(), UpstreamIdleTimeout: time.Minute}, log)
 	require.Equal(t, "/v1/a", string(post(t, base+"/v1/a", "").body))
 	log.next(t)
-	time.Sleep(300 * time.Millisecond) // a tool call between two turns
+	select { // a tool call between two turns, longer than the engine's keep-alive
+	case <-engineClosed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine never closed the idle connection")
+	}
 	got := post(t, base+"/v1/b", "")
 	require.Equal(t, 200, got.status, "%s", got.body)
 	require.Equal(t, "/v1/b", string(got.body))
