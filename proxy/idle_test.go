@@ -176,7 +176,7 @@ func TestIdleTimeoutClosesFirst(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the idle connection was never closed")
 	}
-	require.Eventually(t, func() bool { return upstreamConns(p) == 0 }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return upstreamConns(p) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
 // TestBodylessResponseWithBodyNotReused (C7): a HEAD answered with a body
