@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -68,6 +69,7 @@ func (pipeAddr) String() string  { return "pipe" }
 type virtualSim struct {
 	s      *Server
 	client *http.Client
+	ln     *pipeListener
 }
 
 // startVirtual serves a sim for cfg in the calling bubble; the server,
@@ -90,7 +92,17 @@ func startVirtual(t *testing.T, cfg Config) *virtualSim {
 		_ = hs.Close()
 		<-served
 	})
-	return &virtualSim{s: s, client: &http.Client{Transport: tr}}
+	return &virtualSim{s: s, client: &http.Client{Transport: tr}, ln: ln}
+}
+
+// dialRaw opens a connection of its own to the sim, for tests that speak
+// HTTP/1.1 by hand.
+func (v *virtualSim) dialRaw(t *testing.T) *rawConn {
+	t.Helper()
+	c, err := v.ln.dial(context.Background(), "", "")
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{c: c, br: bufio.NewReader(c)}
 }
 
 // post sends body as JSON to path; headers alternate names and values.
