@@ -22,7 +22,12 @@ import (
 // answers each request (echoing its X-Request-Id in the body, so that a
 // response delivered to the wrong request is seen), then waits for the next
 // request on the connection for a random time up to maxIdle and closes the
-// connection when none came, wherever the proxy is in its use of it.
+// connection when none came, wherever the proxy is in its use of it. Like
+// uvicorn, which arms its keep-alive timer when a response completes, it
+// does not time a new connection's first request: with time scaled down a
+// hundredfold, a loaded machine's delay between the proxy's dial and its
+// write would otherwise read as an engine closing a connection nobody had
+// used, which no real engine does.
 func idleClosingUpstream(t *testing.T, maxIdle time.Duration, seed uint64) *rawUpstream {
 	var mu sync.Mutex
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -32,8 +37,10 @@ func idleClosingUpstream(t *testing.T, maxIdle time.Duration, seed uint64) *rawU
 		return time.Duration(rng.Int64N(int64(maxIdle)))
 	}
 	return startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
-		for {
-			_ = c.SetReadDeadline(time.Now().Add(idle()))
+		for first := true; ; first = false {
+			if !first {
+				_ = c.SetReadDeadline(time.Now().Add(idle()))
+			}
 			if _, err := br.Peek(1); err != nil {
 				return // idle too long: close, as uvicorn's keep-alive timeout does
 			}
