@@ -273,6 +273,62 @@ func TestResendOnlyOnceAfterSend(t *testing.T) {
 	}
 }
 
+// TestResendOnNewConnection (C4, C7): the one resend after a reused
+// connection failed goes on a new connection, not on the next idle one,
+// which the engine's idle timer may have closed in the same instant. Two
+// idle connections are pooled; the engine reads a second request on either
+// and closes without a byte, so a resend on the other idle one fails too.
+func TestResendOnNewConnection(t *testing.T) {
+	var arrived sync.WaitGroup
+	arrived.Add(2)
+	up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+		for first := true; ; first = false {
+			req, _, err := u.readRequest(br)
+			if err != nil {
+				return
+			}
+			if !first && req.URL.Query().Get("die") != "" {
+				return // read, then closed without a byte: as an idle close crossing the request
+			}
+			if req.URL.Query().Get("pair") != "" {
+				arrived.Done()
+				arrived.Wait() // both requests hold a connection of their own
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	log := newTraceLog()
+	base, p := startProxy(t, Config{Upstream: up.URL()}, log)
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	send := func(query string) int {
+		resp, err := client.Post(base+"/v1/chat/completions"+query, "application/json", strings.NewReader(`{}`))
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			require.Equal(t, 200, send("?pair=1"))
+		}()
+	}
+	wg.Wait()
+	log.next(t)
+	log.next(t)
+	require.Eventually(t, func() bool { return upstreamConns(p) == 2 }, 5*time.Second, time.Millisecond, "two idle connections pooled")
+
+	require.Equal(t, 200, send("?die=1"), "the resend met the other idle connection's close")
+	tr := log.next(t)
+	require.True(t, tr.Redialed)
+	require.True(t, tr.Cold, "the resend was not on a new connection")
+	require.Equal(t, int32(3), up.accepted.Load())
+	require.Equal(t, uint64(1), p.Stats().Redials(RedialReusedFailed))
+}
+
 // TestUpstreamDiesMidStreamTruncationVisible (U1, with FIN and with RST):
 // the events sent before the upstream died reach the client intact, and
 // the client's chunked stream ends without its last chunk.

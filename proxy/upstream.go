@@ -64,10 +64,11 @@ func (p *pool) acquire() bool {
 }
 
 // get returns a connection for one request, holding a token from acquire:
-// an idle one that passed its checks, or a new one. reused says which.
-func (p *pool) get() (c *upConn, reused bool, err error) {
+// an idle one that passed its checks, or a new one; fresh asks for a new
+// one. reused says which.
+func (p *pool) get(fresh bool) (c *upConn, reused bool, err error) {
 	now := time.Now()
-	for {
+	for !fresh {
 		c = p.popIdle()
 		if c == nil {
 			break
