@@ -70,17 +70,27 @@ func (c *countingConn) Write(b []byte) (int, error) {
 
 // TestNonStreamResponseOneWrite: a small non-stream response, whose body
 // the engine sent with its head, reaches the client in one write; a stream
-// still gets its head at once and then one write per event.
+// still gets its head at once and then one write per event. The streaming
+// upstream sends each part only once the proxy has written the one before
+// to the client, so that the parts reach the proxy in reads of their own.
 func TestNonStreamResponseOneWrite(t *testing.T) {
+	var ln *writeCounter // set before the first request
+	untilWrites := func(n int64) {
+		for deadline := time.Now().Add(5 * time.Second); ln.writes.Load() < n && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+	}
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		if r.URL.Query().Get("stream") != "" {
+			base := ln.writes.Load()
 			sseHeaders(w)
 			w.(http.Flusher).Flush()
+			untilWrites(base + 1) // the head
 			for i := range 3 {
 				_, _ = io.WriteString(w, scriptedEvent(i))
 				w.(http.Flusher).Flush()
-				time.Sleep(5 * time.Millisecond)
+				untilWrites(base + 2 + int64(i))
 			}
 			return
 		}
@@ -93,7 +103,7 @@ func TestNonStreamResponseOneWrite(t *testing.T) {
 	require.NoError(t, err)
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	ln := &writeCounter{Listener: inner}
+	ln = &writeCounter{Listener: inner}
 	srv := p.Server()
 	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
 	t.Cleanup(func() { _ = srv.Shutdown() })

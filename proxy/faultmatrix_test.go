@@ -167,7 +167,7 @@ func TestFaultMatrix(t *testing.T) {
 			if tt.state != stateError {
 				require.Equal(t, int64(len(got.body)), tr.RespBytes, "the trace counts what the client got")
 			}
-			require.Eventually(t, func() bool { return p.Inflight() == 0 }, time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return p.Inflight() == 0 }, 5*time.Second, 5*time.Millisecond)
 			require.Positive(t, fp.accepted.Load())
 		})
 	}
@@ -243,7 +243,7 @@ func TestOutcomeAccounting(t *testing.T) {
 		hog := make(chan exchange, 1)
 		requests++
 		go func() { hog <- post(t, tc.base+"/v1/chat/completions?stall=1", stream) }()
-		require.Eventually(t, func() bool { return pOne.upstream.Load()+pSlot.upstream.Load() == 1 }, time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return pOne.upstream.Load()+pSlot.upstream.Load() == 1 }, 5*time.Second, time.Millisecond)
 		got := do(tc.base+"/v1/chat/completions", stream)
 		require.Equal(t, tc.code, got.status)
 		expect(tc.kind, SideProxy, tc.code)

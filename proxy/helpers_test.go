@@ -5,6 +5,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,6 +72,30 @@ func startProxy(t *testing.T, cfg Config, rec Recorder) (string, *Proxy) {
 	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return "http://" + ln.Addr().String(), p
+}
+
+// rawPost sends a request on a fresh connection and returns the connection
+// without reading the response.
+func rawPost(t *testing.T, base, path, body string, header ...string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	for i := 0; i+1 < len(header); i += 2 {
+		req += header[i] + ": " + header[i+1] + "\r\n"
+	}
+	req += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	_, err = c.Write([]byte(req))
+	require.NoError(t, err)
+	return c
+}
+
+// upstreamConns counts p's open upstream connections, idle and busy.
+func upstreamConns(p *Proxy) int {
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	return len(p.pool.idle) + len(p.pool.busy)
 }
 
 // startUpstream serves h on a loopback port.

@@ -22,7 +22,12 @@ import (
 // answers each request (echoing its X-Request-Id in the body, so that a
 // response delivered to the wrong request is seen), then waits for the next
 // request on the connection for a random time up to maxIdle and closes the
-// connection when none came, wherever the proxy is in its use of it.
+// connection when none came, wherever the proxy is in its use of it. Like
+// uvicorn, which arms its keep-alive timer when a response completes, it
+// does not time a new connection's first request: with time scaled down a
+// hundredfold, a loaded machine's delay between the proxy's dial and its
+// write would otherwise read as an engine closing a connection nobody had
+// used, which no real engine does.
 func idleClosingUpstream(t *testing.T, maxIdle time.Duration, seed uint64) *rawUpstream {
 	var mu sync.Mutex
 	rng := rand.New(rand.NewPCG(seed, 1))
@@ -32,8 +37,10 @@ func idleClosingUpstream(t *testing.T, maxIdle time.Duration, seed uint64) *rawU
 		return time.Duration(rng.Int64N(int64(maxIdle)))
 	}
 	return startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
-		for {
-			_ = c.SetReadDeadline(time.Now().Add(idle()))
+		for first := true; ; first = false {
+			if !first {
+				_ = c.SetReadDeadline(time.Now().Add(idle()))
+			}
 			if _, err := br.Peek(1); err != nil {
 				return // idle too long: close, as uvicorn's keep-alive timeout does
 			}
@@ -118,11 +125,14 @@ func TestIdleClosingUpstreamNever502(t *testing.T) {
 // A connection the engine closed while it sat idle is not reused, and the
 // request after the engine's idle timeout gets its answer, not a 502.
 func TestReusedConnectionClosedByEngine(t *testing.T) {
+	engineClosed := make(chan struct{}, 2)
 	up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
 		for {
 			_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond)) // the engine's keep-alive timeout
 			req, _, err := u.readRequest(br)
 			if err != nil {
+				c.Close()
+				engineClosed <- struct{}{}
 				return
 			}
 			body := req.URL.Path
@@ -135,7 +145,11 @@ func TestReusedConnectionClosedByEngine(t *testing.T) {
 	base, p := startProxy(t, Config{Upstream: up.URL(), UpstreamIdleTimeout: time.Minute}, log)
 	require.Equal(t, "/v1/a", string(post(t, base+"/v1/a", "").body))
 	log.next(t)
-	time.Sleep(300 * time.Millisecond) // a tool call between two turns
+	select { // a tool call between two turns, longer than the engine's keep-alive
+	case <-engineClosed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine never closed the idle connection")
+	}
 	got := post(t, base+"/v1/b", "")
 	require.Equal(t, 200, got.status, "%s", got.body)
 	require.Equal(t, "/v1/b", string(got.body))
@@ -169,7 +183,7 @@ func TestIdleTimeoutClosesFirst(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the idle connection was never closed")
 	}
-	require.Eventually(t, func() bool { return p.UpstreamConns() == 0 }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return upstreamConns(p) == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
 // TestBodylessResponseWithBodyNotReused (C7): a HEAD answered with a body

@@ -22,9 +22,6 @@ func (t *Trace) TTFO() (time.Duration, bool) { return span(t.Recv, t.FirstOutput
 // TTFT is time to first content token: t_first_content − t_recv. It includes reasoning time.
 func (t *Trace) TTFT() (time.Duration, bool) { return span(t.Recv, t.FirstContent) }
 
-// TimeToHeaders is t_headers − t_recv: what a client sees as time to first byte of the response head.
-func (t *Trace) TimeToHeaders() (time.Duration, bool) { return span(t.Recv, t.Headers) }
-
 // Reasoning is t_first_content − t_first_output when reasoning came first, else 0.
 func (t *Trace) Reasoning() (time.Duration, bool) {
 	if t.FirstOutput.IsZero() {

@@ -54,5 +54,5 @@ func TestPrefixDriftThroughProxy(t *testing.T) {
 		last = tr
 		msgs = append(msgs, map[string]string{"role": "assistant", "content": "ok"})
 	}
-	require.Equal(t, uint64(1), p.Prefixes().Stats().Drifts[prefix.SegmentSystem][prefix.ClassDigits])
+	require.Equal(t, uint64(1), p.prefix.Stats().Drifts[prefix.SegmentSystem][prefix.ClassDigits])
 }

@@ -717,17 +717,21 @@ func TestProtocolCutStreamOutputTokens(t *testing.T) {
 // the chunked body's terminator, so its connection closes while the proxy
 // still waits for the upstream's end of body. The client got the whole
 // generation: the request must not be recorded as failed. The upstream here
-// ends its body 100 ms after [DONE], which makes deterministic a race that
-// against the sim loses about one request in ten.
+// ends its body only after the client has closed, which makes deterministic
+// a race that against the sim loses about one request in ten.
 func TestProtocolClientClosesAfterEndMarker(t *testing.T) {
 	body := "data: " + `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"finish_reason":"stop"}]}` + "\n\n" +
 		"data: " + `{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}` + "\n\n" +
 		"data: [DONE]\n\n"
+	clientClosed := make(chan struct{})
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		sseHeaders(w)
 		io.WriteString(w, body)
 		w.(http.Flusher).Flush()
-		time.Sleep(100 * time.Millisecond) // the engine's end of body comes a little after [DONE]
+		select { // the engine's end of body comes after the client has gone
+		case <-clientClosed:
+		case <-time.After(5 * time.Second):
+		}
 	})
 	log := newTraceLog()
 	base, _ := startProxy(t, Config{Upstream: up.URL}, log)
@@ -749,6 +753,7 @@ func TestProtocolClientClosesAfterEndMarker(t *testing.T) {
 	require.NoError(t, stream.Err())
 	require.Equal(t, "Hello", content)
 	stream.Close()
+	close(clientClosed)
 
 	tr := log.next(t)
 	require.False(t, tr.Truncated, "the proxy relayed [DONE]")

@@ -101,10 +101,6 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 // Retries returns the tracker of client retries, for its aggregates.
 func (p *Proxy) Retries() *retry.Tracker { return p.retry }
 
-// Prefixes returns the prompt-prefix tracker, for its recent drift events
-// and aggregates.
-func (p *Proxy) Prefixes() *prefix.Tracker { return p.prefix }
-
 // Stats returns the proxy's connection counters.
 func (p *Proxy) Stats() *Stats { return &p.stats }
 
@@ -120,9 +116,6 @@ func (p *Proxy) Abort() {
 // Inflight returns the number of requests being served: counted from
 // the handler's start until their Trace has been recorded.
 func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
-
-// UpstreamConns returns the number of open upstream connections.
-func (p *Proxy) UpstreamConns() int { return p.pool.conns() }
 
 // Server returns a fasthttp server that serves the proxy. Its timeouts are
 // those of the Config: a total ReadTimeout for reading a request (slowloris

@@ -38,7 +38,10 @@ var (
 // (errServerClosedIdle).
 func (p *Proxy) roundTrip(ctx *fasthttp.RequestCtx, r *relay) error {
 	for resent := false; ; resent = true {
-		c, reused, err := p.pool.get()
+		// The resend dials: another idle connection may have died in the
+		// same instant as the first (an engine's idle timer fires for
+		// every connection the burst before left).
+		c, reused, err := p.pool.get(resent)
 		if err != nil {
 			return err
 		}

@@ -97,7 +97,8 @@ func TestNonStreamUsageAgainstSim(t *testing.T) {
 }
 
 // TestSimStopsWhenClientLeaves: the engine observes the client's
-// disconnect and stops generating within 100 ms.
+// disconnect and stops generating at once: within a second here, room for
+// a loaded machine and far inside the 8 s the 2,000 tokens would take.
 func TestSimStopsWhenClientLeaves(t *testing.T) {
 	s, up := startSim(t, sim.Config{PrefillTokensPerSec: 1e6}) // default decode: 235 tok/s
 	log := newTraceLog()
@@ -115,9 +116,9 @@ func TestSimStopsWhenClientLeaves(t *testing.T) {
 	select {
 	case ev := <-s.Aborts():
 		require.Equal(t, sim.PhaseDecode, ev.Phase)
-		require.Less(t, ev.At.Sub(left), 100*time.Millisecond, "the engine kept generating %v after the client left", ev.At.Sub(left))
+		require.Less(t, ev.At.Sub(left), time.Second, "the engine kept generating %v after the client left", ev.At.Sub(left))
 		require.Less(t, ev.Tokens, 2000)
-	case <-time.After(2 * time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("the engine never noticed the client leaving")
 	}
 	tr := log.next(t)

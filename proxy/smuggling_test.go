@@ -365,6 +365,7 @@ func TestUpstreamExtraAndShortData(t *testing.T) {
 	for name, late := range map[string]bool{"extra in the same segment": false, "extra after a pause": true} {
 		t.Run(name, func(t *testing.T) {
 			var n atomic.Int32
+			firstRead, extraSent := make(chan struct{}), make(chan struct{})
 			up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
 				for {
 					if _, _, err := u.readRequest(br); err != nil {
@@ -380,15 +381,19 @@ func TestUpstreamExtraAndShortData(t *testing.T) {
 						continue
 					}
 					io.WriteString(c, first)
-					time.Sleep(20 * time.Millisecond) // after the proxy has read the response
+					<-firstRead // the proxy has read the response and pooled the connection
 					io.WriteString(c, extra)
+					close(extraSent)
 				}
 			})
 			base, p := startProxy(t, Config{Upstream: up.URL()}, newTraceLog())
 			first := post(t, base+"/v1/models", "")
 			require.NoError(t, first.readErr)
 			require.Equal(t, "hello", string(first.body), "bytes beyond Content-Length were forwarded")
-			time.Sleep(50 * time.Millisecond)
+			if late {
+				close(firstRead)
+				<-extraSent // the extra bytes wait on the idle connection
+			}
 			second := post(t, base+"/v1/models", "")
 			require.NoError(t, second.readErr)
 			require.Equal(t, "second", string(second.body), "the previous response's extra bytes answered the next request")

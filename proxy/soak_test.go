@@ -245,7 +245,7 @@ func TestSoak(t *testing.T) {
 	require.Positive(t, complete.Load())
 	require.Positive(t, cut.Load())
 	require.Positive(t, aborted.Load())
-	require.Eventually(t, func() bool { return rec.total() == sent.Load() }, 2*time.Second, 10*time.Millisecond, "one trace per request")
+	require.Eventually(t, func() bool { return rec.total() == sent.Load() }, 5*time.Second, 10*time.Millisecond, "one trace per request")
 	require.Equal(t, cut.Load(), rec.kinds[ErrUpstreamBroken].Load())
 	require.Equal(t, aborted.Load(), rec.kinds[ErrClientGone].Load())
 	require.Equal(t, sent.Load(), rec.kinds[ErrNone].Load()+rec.kinds[ErrUpstreamBroken].Load()+rec.kinds[ErrClientGone].Load(),

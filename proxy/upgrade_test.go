@@ -81,7 +81,7 @@ func TestWebSocketUpgradeTunnelled(t *testing.T) {
 	require.Equal(t, int64(len("hello")+len("second frame")), tr.TunnelUp)
 	require.Equal(t, int64(len("hello")+len("second frame")), tr.TunnelDown)
 	require.Equal(t, ErrNone, tr.ErrKind)
-	require.Eventually(t, func() bool { return p.UpstreamConns() == 0 && p.Inflight() == 0 }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return upstreamConns(p) == 0 && p.Inflight() == 0 }, 5*time.Second, 10*time.Millisecond)
 }
 
 // TestUnsolicitedSwitchingProtocolsIs502 (U5): a 101 the client did not ask
@@ -106,5 +106,5 @@ func TestUnsolicitedSwitchingProtocolsIs502(t *testing.T) {
 		require.False(t, tr.Upgraded)
 	}
 	require.Equal(t, int32(2), up.accepted.Load(), "a connection that switched protocols was used again")
-	require.Eventually(t, func() bool { return p.UpstreamConns() == 0 }, 2*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return upstreamConns(p) == 0 }, 5*time.Second, 10*time.Millisecond)
 }

@@ -64,10 +64,11 @@ func (p *pool) acquire() bool {
 }
 
 // get returns a connection for one request, holding a token from acquire:
-// an idle one that passed its checks, or a new one. reused says which.
-func (p *pool) get() (c *upConn, reused bool, err error) {
+// an idle one that passed its checks, or a new one; fresh asks for a new
+// one. reused says which.
+func (p *pool) get(fresh bool) (c *upConn, reused bool, err error) {
 	now := time.Now()
-	for {
+	for !fresh {
 		c = p.popIdle()
 		if c == nil {
 			break
@@ -194,13 +195,6 @@ func (p *pool) abortAll() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-}
-
-// conns counts open upstream connections.
-func (p *pool) conns() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.idle) + len(p.busy)
 }
 
 // dialError marks an error as having happened while connecting, so that it

@@ -120,16 +120,6 @@ func (w *clientWatch) stop() {
 	}
 }
 
-// watchClient watches conn with a clientWatch of its own and returns its
-// stop; for callers outside a relay (tests).
-func watchClient(conn net.Conn, gone func()) (stop func()) {
-	w := &clientWatch{gone: gone}
-	if !w.start(conn) {
-		return func() {}
-	}
-	return w.stop
-}
-
 // watchHub is the process's one epoll set of watched client sockets and
 // the goroutine that waits on it. It is created on first use and lives as
 // long as the process, like the runtime's netpoller. Safe for concurrent

@@ -14,8 +14,6 @@ type clientWatch struct {
 func (w *clientWatch) start(net.Conn) bool { return false }
 func (w *clientWatch) stop()               {}
 
-func watchClient(net.Conn, func()) (stop func()) { return func() {} }
-
 // Results of peekIdle.
 const (
 	peekQuiet = iota

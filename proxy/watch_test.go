@@ -5,7 +5,6 @@ package proxy
 import (
 	"net"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,23 +12,6 @@ import (
 
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
-
-// rawPost sends a request on a fresh connection and returns the connection
-// without reading the response.
-func rawPost(t *testing.T, base, path, body string, header ...string) net.Conn {
-	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-	for i := 0; i+1 < len(header); i += 2 {
-		req += header[i] + ": " + header[i+1] + "\r\n"
-	}
-	req += "Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
-	_, err = c.Write([]byte(req))
-	require.NoError(t, err)
-	return c
-}
 
 // TestClientLeavesDuringPrefill: a client that gives up before the first
 // token makes the proxy close the upstream connection within 100 ms, so the
@@ -43,13 +25,18 @@ func TestClientLeavesDuringPrefill(t *testing.T) {
 			base, _ := startProxy(t, Config{Upstream: up}, log)
 			body := `{"stream":` + strconv.FormatBool(stream) + `,"messages":[{"role":"user","content":"long prompt"}]}`
 			c := rawPost(t, base, "/v1/chat/completions", body, "X-Sim-Prefill", "5s")
-			time.Sleep(150 * time.Millisecond) // well inside the prefill
+			// The engine counts a request's prompt as it starts its prefill.
+			require.Eventually(t, func() bool { return s.Stats().PromptTokens > 0 }, 5*time.Second, time.Millisecond, "never reached prefill")
 			left := time.Now()
 			require.NoError(t, c.Close())
 			select {
 			case ev := <-s.Aborts():
 				require.Equal(t, sim.PhasePrefill, ev.Phase)
-				require.Less(t, ev.At.Sub(left), 100*time.Millisecond, "the engine prefilled %v for nobody", ev.At.Sub(left))
+				// The proxy's bound is 100 ms (watchDelay, then the socket is
+				// checked at once); a second leaves room for a loaded machine
+				// and is still far inside the 5 s prefill that a proxy
+				// noticing only at the first token would let run.
+				require.Less(t, ev.At.Sub(left), time.Second, "the engine prefilled %v for nobody", ev.At.Sub(left))
 			case <-time.After(3 * time.Second):
 				t.Fatal("the engine never noticed the client leaving during prefill")
 			}
@@ -67,9 +54,9 @@ func TestClientLeavesWhileLimited(t *testing.T) {
 	log := newTraceLog()
 	base, p := startProxy(t, Config{Upstream: up, MaxInflight: 1}, log)
 	hog := rawPost(t, base, "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}]}`, "X-Sim-Prefill", "2s")
-	require.Eventually(t, func() bool { return p.upstream.Load() == 1 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return p.upstream.Load() == 1 }, 5*time.Second, time.Millisecond)
 	waiter := rawPost(t, base, "/v1/chat/completions", `{"messages":[{"role":"user","content":"b"}]}`)
-	time.Sleep(50 * time.Millisecond)
+	require.Eventually(t, func() bool { return p.limit.waiting.Load() == 1 }, 5*time.Second, time.Millisecond, "the waiter is queued")
 	require.NoError(t, waiter.Close())
 	tr := log.next(t)
 	require.Equal(t, ErrClientGone, tr.ErrKind)
@@ -77,6 +64,15 @@ func TestClientLeavesWhileLimited(t *testing.T) {
 	require.True(t, tr.Sent.IsZero(), "never sent upstream")
 	require.Equal(t, int64(1), s.Stats().Requests)
 	hog.Close()
+}
+
+// watchClient watches conn with a clientWatch of its own and returns its
+// stop: a watch outside a relay, for the tests of the watch itself.
+func watchClient(t *testing.T, conn net.Conn, gone func()) (stop func()) {
+	t.Helper()
+	w := &clientWatch{gone: gone}
+	require.True(t, w.start(conn), "a TCP socket can be watched")
+	return w.stop
 }
 
 // TestWatchStopsWithoutVerdictOnData: pipelined bytes end the watch without
@@ -93,11 +89,18 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	defer server.Close()
 
 	gone := make(chan struct{}, 1)
-	stop := watchClient(server, func() { gone <- struct{}{} })
+	w := &clientWatch{gone: func() { gone <- struct{}{} }}
+	require.True(t, w.start(server))
 	_, err = client.Write([]byte("GET / HTTP/1.1\r\n"))
 	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
-	stop()
+	// The hub has registered the socket and peeked at it: the watch ended,
+	// still in the set until stop.
+	require.Eventually(t, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.state == watchIdle && w.inSet
+	}, 5*time.Second, time.Millisecond, "the hub never looked at the readable socket")
+	w.stop()
 	select {
 	case <-gone:
 		t.Fatal("data was taken for a disconnect")
@@ -110,11 +113,11 @@ func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "GET / HTTP/1.1\r\n", string(buf[:n]))
 
-	stop = watchClient(server, func() { gone <- struct{}{} })
+	stop := watchClient(t, server, func() { gone <- struct{}{} })
 	client.Close()
 	select {
 	case <-gone:
-	case <-time.After(time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("EOF not reported")
 	}
 	stop()
@@ -152,7 +155,7 @@ func TestWatchDelayedRegistration(t *testing.T) {
 	require.Equal(t, base, hubRegistrations(), "a stopped watch registered late")
 
 	require.True(t, w.start(server))
-	require.Eventually(t, func() bool { return hubRegistrations() == base+1 }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return hubRegistrations() == base+1 }, 5*time.Second, time.Millisecond)
 	w.stop()
 	require.Equal(t, base, hubRegistrations())
 
@@ -169,7 +172,7 @@ func TestWatchDelayedRegistration(t *testing.T) {
 	require.NoError(t, client.Close())
 	select {
 	case <-left:
-	case <-time.After(time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("EOF not reported")
 	}
 	require.Equal(t, base+1, hubRegistrations(), "fired, still in the set until stop")

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -117,22 +118,33 @@ func TestAdmission(t *testing.T) {
 	waitStats(t, s, idle)
 }
 
-func TestAbortInQueue(t *testing.T) {
-	cfg := fast()
-	cfg.Slots = 1
-	s, ts := start(t, cfg)
-	hold(t, ts.URL, "X-Sim-Prefill", "1h")
-	ctx, cancel := context.WithCancel(context.Background())
-	post(t, ctx, ts.URL+"/v1/chat/completions", chatBody(true, false), "X-Request-Id", "queued")
-	waitStats(t, s, func(st Stats) bool { return st.Queued == 1 })
+// The abort tests run in a bubble: the client's leaving and the engine's
+// noticing happen at one virtual instant, so "at once" is exact.
 
-	left := time.Now()
-	cancel()
-	ev := <-s.Aborts()
-	require.Equal(t, "chatcmpl-queued", ev.ID)
-	require.Equal(t, PhaseQueue, ev.Phase)
-	require.Less(t, ev.At.Sub(left), 100*time.Millisecond)
-	waitStats(t, s, func(st Stats) bool { return st.Queued == 0 && st.Active == 1 })
+func TestAbortInQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Slots = 1
+		v := startVirtual(t, cfg)
+		holder, release := context.WithCancel(context.Background())
+		defer release()
+		require.Equal(t, http.StatusOK, v.post(t, holder, "/v1/chat/completions", chatBody(true, false), "X-Sim-Prefill", "1h").StatusCode)
+		ctx, cancel := context.WithCancel(context.Background())
+		v.post(t, ctx, "/v1/chat/completions", chatBody(true, false), "X-Request-Id", "queued")
+		synctest.Wait()
+		require.Equal(t, 1, v.s.Stats().Queued)
+
+		left := time.Now()
+		cancel()
+		ev := <-v.s.Aborts()
+		require.Equal(t, "chatcmpl-queued", ev.ID)
+		require.Equal(t, PhaseQueue, ev.Phase)
+		require.Equal(t, left, ev.At, "noticed at once")
+		synctest.Wait()
+		st := v.s.Stats()
+		require.Equal(t, 0, st.Queued)
+		require.Equal(t, 1, st.Active)
+	})
 }
 
 func TestAbort(t *testing.T) {
@@ -145,46 +157,54 @@ func TestAbort(t *testing.T) {
 		{PhaseDecode, []string{"X-Sim-Event-Gap", "20ms"}, 3},
 	} {
 		t.Run(string(tc.phase), func(t *testing.T) {
-			s, ts := start(t, fast())
-			for _, stream := range []bool{true, false} {
-				if !stream && tc.events > 0 {
-					continue
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				body := chatBody(stream, false, "max_tokens", 1000)
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					req := mustRequest(t, ctx, ts.URL+"/v1/chat/completions", body, tc.headers...)
-					resp, err := http.DefaultClient.Do(req)
-					if err != nil {
-						return
+			synctest.Test(t, func(t *testing.T) {
+				v := startVirtual(t, fast())
+				for _, stream := range []bool{true, false} {
+					if !stream && tc.events > 0 {
+						continue
 					}
-					defer resp.Body.Close()
-					r := newSSE(resp.Body)
-					for range tc.events {
-						if _, err := r.next(); err != nil {
+					ctx, cancel := context.WithCancel(context.Background())
+					body := chatBody(stream, false, "max_tokens", 1000)
+					read := make(chan struct{}) // the client has read its events
+					done := make(chan struct{})
+					go func() {
+						defer close(done)
+						req := mustRequest(t, ctx, "http://sim/v1/chat/completions", body, tc.headers...)
+						resp, err := v.client.Do(req)
+						if err != nil {
+							close(read)
 							return
 						}
+						defer resp.Body.Close()
+						r := newSSE(resp.Body)
+						for range tc.events {
+							if _, err := r.next(); err != nil {
+								break
+							}
+						}
+						close(read)
+						<-ctx.Done()
+					}()
+					if stream || tc.events > 0 {
+						<-read
 					}
-					<-ctx.Done()
-				}()
-				waitStats(t, s, func(st Stats) bool { return st.Active == 1 })
-				time.Sleep(time.Duration(tc.events) * 30 * time.Millisecond) // a few events in
-				left := time.Now()
-				cancel()
-				ev := <-s.Aborts()
-				require.Equal(t, tc.phase, ev.Phase)
-				require.Less(t, ev.At.Sub(left), 100*time.Millisecond)
-				require.False(t, ev.At.Before(left))
-				if tc.phase == PhaseDecode {
-					require.Positive(t, ev.Tokens)
-					require.Less(t, ev.Tokens, 1000)
+					synctest.Wait()
+					require.Equal(t, 1, v.s.Stats().Active)
+					left := time.Now()
+					cancel()
+					ev := <-v.s.Aborts()
+					require.Equal(t, tc.phase, ev.Phase)
+					require.Equal(t, left, ev.At, "noticed at once")
+					if tc.phase == PhaseDecode {
+						require.Positive(t, ev.Tokens)
+						require.Less(t, ev.Tokens, 1000)
+					}
+					<-done
+					synctest.Wait()
+					require.True(t, idle(v.s.Stats()))
+					require.Equal(t, ev.At, v.s.Stats().LastAbort)
 				}
-				<-done
-				waitStats(t, s, idle)
-				require.Equal(t, ev.At, s.Stats().LastAbort)
-			}
+			})
 		})
 	}
 }
@@ -251,37 +271,45 @@ func TestFailAfterEventsNonStream(t *testing.T) {
 // (completion_tokens-1)/(last output event - first output event), and
 // prefill time as the wait for the first output event.
 func TestDecodeRate(t *testing.T) {
-	cfg := fast()
-	cfg.DecodeTokensPerSec = 1000
-	cfg.PrefillTokensPerSec = 20000
-	cfg.NaturalLengths = []int{1000} // the limit of 300 cuts it
-	_, ts := start(t, cfg)
-	prompt := strings.Repeat("x", 4*4000) // 4,000 tokens: 200 ms of prefill
-	body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": prompt}},
-		"max_tokens": 300, "stream": true}
-	sent := time.Now()
-	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", body)
-	evs, err := readAll(resp.Body)
-	require.NoError(t, err)
-	out := evs[1 : len(evs)-1] // without the role chunk and [DONE]
-	prefill := out[0].at.Sub(sent)
-	gen := out[len(out)-1].at.Sub(out[0].at)
-	rate := 299 / gen.Seconds()
-	t.Logf("prefill %v (want 200ms), decode %.0f tok/s (want 1000), %d events", prefill, rate, len(out))
-	require.InDelta(t, 200, float64(prefill.Milliseconds()), 60)
-	require.InDelta(t, 1000, rate, 300)
-	require.InDelta(t, 300.0/5, float64(len(out)), 25, "~5 tokens per event")
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.DecodeTokensPerSec = 1000
+		cfg.PrefillTokensPerSec = 20000
+		cfg.NaturalLengths = []int{1000} // the limit of 300 cuts it
+		v := startVirtual(t, cfg)
+		prompt := strings.Repeat("x", 4*4000) // 4,000 tokens: 200 ms of prefill
+		body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": prompt}},
+			"max_tokens": 300, "stream": true}
+		sent := time.Now()
+		resp := v.post(t, context.Background(), "/v1/chat/completions", body)
+		evs, err := readAll(resp.Body)
+		require.NoError(t, err)
+		out := evs[1 : len(evs)-1] // without the role chunk and [DONE]
+		prefill := out[0].at.Sub(sent)
+		gen := out[len(out)-1].at.Sub(out[0].at)
+		rate := 299 / gen.Seconds()
+		t.Logf("prefill %v (want 200ms), decode %.0f tok/s (want 1000), %d events", prefill, rate, len(out))
+		// Time is virtual: what is left is the prompt's framing tokens and
+		// the 1 ms prefill overhead, and the rounding of the event times.
+		require.InDelta(t, 200, float64(prefill.Microseconds())/1e3, 5)
+		require.InDelta(t, 1000, rate, 1)
+		require.InDelta(t, 300.0/5, float64(len(out)), 25, "~5 tokens per event")
+	})
 }
 
 func TestEventGap(t *testing.T) {
-	_, ts := start(t, fast())
-	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions",
-		chatBody(true, false, "max_tokens", 30), "X-Sim-Event-Gap", "15ms")
-	evs, err := readAll(resp.Body)
-	require.NoError(t, err)
-	out := evs[1 : len(evs)-1]
-	mean := out[len(out)-1].at.Sub(out[0].at) / time.Duration(len(out)-1)
-	require.InDelta(t, 15, float64(mean.Milliseconds()), 5)
+	synctest.Test(t, func(t *testing.T) {
+		v := startVirtual(t, fast())
+		resp := v.post(t, context.Background(), "/v1/chat/completions",
+			chatBody(true, false, "max_tokens", 30), "X-Sim-Event-Gap", "15ms")
+		evs, err := readAll(resp.Body)
+		require.NoError(t, err)
+		out := evs[1 : len(evs)-1]
+		require.Greater(t, len(out), 2)
+		for i := 1; i < len(out); i++ {
+			require.Equal(t, 15*time.Millisecond, out[i].at.Sub(out[i-1].at), "gap before event %d", i)
+		}
+	})
 }
 
 func TestPlan(t *testing.T) {

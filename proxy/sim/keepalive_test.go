@@ -9,24 +9,17 @@ import (
 	"os"
 	"strconv"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// rawConn is a client socket that speaks HTTP/1.1 by hand, so the test sees
-// exactly when the server closes it.
+// rawConn is a client connection that speaks HTTP/1.1 by hand, so the test
+// sees exactly when the server closes it.
 type rawConn struct {
 	c  net.Conn
 	br *bufio.Reader
-}
-
-func dialRaw(t *testing.T, addr string) *rawConn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return &rawConn{c: c, br: bufio.NewReader(c)}
 }
 
 // roundTrip sends one keep-alive request and reads its whole response.
@@ -59,52 +52,51 @@ func (r *rawConn) closedAfter(t *testing.T, limit time.Duration) time.Duration {
 	return took
 }
 
-func keepAliveSim(t *testing.T, d time.Duration) string {
+func keepAliveSim(t *testing.T, d time.Duration) *virtualSim {
 	t.Helper()
 	cfg := fast()
 	cfg.KeepAliveTimeout = d
-	_, ts := start(t, cfg)
-	return ts.Listener.Addr().String()
+	return startVirtual(t, cfg)
 }
 
 const streamBody = `{"stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
 
+// The keep-alive tests run the sim's own http.Server over net.Pipe in a
+// synctest bubble: the idle timeout is a read deadline, which is a timer,
+// so time is virtual and the close comes exactly when it is due.
+
 func TestKeepAliveIdleClose(t *testing.T) {
-	t.Parallel()
-	addr := keepAliveSim(t, 300*time.Millisecond)
-	c := dialRaw(t, addr)
-	c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
-	// Used again within the timeout, the connection is still good.
-	time.Sleep(100 * time.Millisecond)
-	c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
-	took := c.closedAfter(t, 5*time.Second)
-	t.Logf("closed after %v idle (KeepAliveTimeout 300ms)", took)
-	require.GreaterOrEqual(t, took, 250*time.Millisecond)
-	require.Less(t, took, 3*time.Second)
+	synctest.Test(t, func(t *testing.T) {
+		c := keepAliveSim(t, 300*time.Millisecond).dialRaw(t)
+		c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
+		// Used again within the timeout, the connection is still good.
+		time.Sleep(299 * time.Millisecond)
+		c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
+		took := c.closedAfter(t, 5*time.Second)
+		require.Equal(t, 300*time.Millisecond, took, "closed after %v idle (KeepAliveTimeout 300ms)", took)
+	})
 }
 
-// TestKeepAliveDefault observes uvicorn's 5 s on a real socket.
+// TestKeepAliveDefault: uvicorn's 5 s.
 func TestKeepAliveDefault(t *testing.T) {
-	t.Parallel()
-	addr := keepAliveSim(t, 0)
-	c := dialRaw(t, addr)
-	c.roundTrip(t, "GET", "/health", "")
-	took := c.closedAfter(t, 15*time.Second)
-	t.Logf("closed after %v idle (default)", took)
-	require.GreaterOrEqual(t, took, 4900*time.Millisecond)
-	require.Less(t, took, 10*time.Second)
+	synctest.Test(t, func(t *testing.T) {
+		c := keepAliveSim(t, 0).dialRaw(t)
+		c.roundTrip(t, "GET", "/health", "")
+		took := c.closedAfter(t, 15*time.Second)
+		require.Equal(t, 5*time.Second, took, "closed after %v idle (default)", took)
+	})
 }
 
 func TestKeepAliveNever(t *testing.T) {
-	t.Parallel()
-	addr := keepAliveSim(t, -1)
-	c := dialRaw(t, addr)
-	c.roundTrip(t, "GET", "/health", "")
-	require.NoError(t, c.c.SetReadDeadline(time.Now().Add(1500*time.Millisecond)))
-	_, err := c.br.ReadByte()
-	require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "still open after 1.5 s: %v", err)
-	require.NoError(t, c.c.SetReadDeadline(time.Time{}))
-	c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
+	synctest.Test(t, func(t *testing.T) {
+		c := keepAliveSim(t, -1).dialRaw(t)
+		c.roundTrip(t, "GET", "/health", "")
+		require.NoError(t, c.c.SetReadDeadline(time.Now().Add(time.Hour)))
+		_, err := c.br.ReadByte()
+		require.True(t, errors.Is(err, os.ErrDeadlineExceeded), "still open after an hour: %v", err)
+		require.NoError(t, c.c.SetReadDeadline(time.Time{}))
+		c.roundTrip(t, "POST", "/v1/chat/completions", streamBody)
+	})
 }
 
 func TestHTTPServerConfig(t *testing.T) {

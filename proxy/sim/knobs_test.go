@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -98,32 +99,40 @@ func TestFailRate(t *testing.T) {
 	require.Equal(t, first, sequence(), "same seed, same failures")
 }
 
+// TestPrefillKnob: X-Sim-Prefill sets the wait for the first event, to
+// the nanosecond in virtual time.
 func TestPrefillKnob(t *testing.T) {
-	_, ts := start(t, fast())
-	sent := time.Now()
-	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", chatBody(true, false), "X-Sim-Prefill", "150ms")
-	ev, err := newSSE(resp.Body).next()
-	require.NoError(t, err)
-	require.InDelta(t, 150, float64(ev.at.Sub(sent).Milliseconds()), 50)
+	synctest.Test(t, func(t *testing.T) {
+		v := startVirtual(t, fast())
+		sent := time.Now()
+		resp := v.post(t, context.Background(), "/v1/chat/completions", chatBody(true, false), "X-Sim-Prefill", "150ms")
+		ev, err := newSSE(resp.Body).next()
+		require.NoError(t, err)
+		require.Equal(t, 150*time.Millisecond, ev.at.Sub(sent))
+	})
 }
 
 // TestCalibratedDefaults checks the zero Config against the seed run:
 // prefill ~7,700 tokens/s and decode ~235 tokens/s (TPOT ~4.26 ms).
 func TestCalibratedDefaults(t *testing.T) {
-	_, ts := start(t, Config{})
-	prompt := strings.Repeat("y", 4*770) // 770 tokens: 100 ms of prefill
-	body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": prompt}},
-		"max_tokens": 48, "stream": true}
-	sent := time.Now()
-	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", body)
-	evs, err := readAll(resp.Body)
-	require.NoError(t, err)
-	out := evs[1 : len(evs)-1]
-	prefill := out[0].at.Sub(sent)
-	tpot := out[len(out)-1].at.Sub(out[0].at) / 47
-	t.Logf("prefill %v (want ~100ms), TPOT %v (want ~4.26ms)", prefill, tpot)
-	require.InDelta(t, 100, float64(prefill.Milliseconds()), 30)
-	require.InDelta(t, 4.26, float64(tpot.Microseconds())/1e3, 1.3)
+	synctest.Test(t, func(t *testing.T) {
+		v := startVirtual(t, Config{})
+		prompt := strings.Repeat("y", 4*770) // 770 tokens: 100 ms of prefill
+		body := map[string]any{"messages": []any{map[string]any{"role": "user", "content": prompt}},
+			"max_tokens": 48, "stream": true}
+		sent := time.Now()
+		resp := v.post(t, context.Background(), "/v1/chat/completions", body)
+		evs, err := readAll(resp.Body)
+		require.NoError(t, err)
+		out := evs[1 : len(evs)-1]
+		prefill := out[0].at.Sub(sent)
+		tpot := out[len(out)-1].at.Sub(out[0].at) / 47
+		t.Logf("prefill %v (want ~100ms), TPOT %v (want ~4.26ms)", prefill, tpot)
+		// Virtual time: the prompt's framing tokens and the 1 ms prefill
+		// overhead are all that separate prefill from 100 ms.
+		require.InDelta(t, 100, float64(prefill.Microseconds())/1e3, 5)
+		require.InDelta(t, 4.26, float64(tpot.Microseconds())/1e3, 0.01)
+	})
 }
 
 func TestNewValidation(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"testing"
+	"testing/synctest"
 
 	"github.com/stretchr/testify/require"
 )
@@ -213,19 +214,23 @@ func TestTimingModes(t *testing.T) {
 	}
 }
 
+// TestTimingModesNonStream runs in a synctest bubble: the reported prefill
+// is the knob's, exactly.
 func TestTimingModesNonStream(t *testing.T) {
-	cfg := fast()
-	cfg.Timings = TimingVLLM
-	_, ts := start(t, cfg)
-	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", chatBody(false, false),
-		"X-Sim-Prefill", "30ms")
-	m := decodeBody[testChunk](t, resp).Metrics
-	for _, k := range []string{"time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
-		"mean_itl_ms", "tokens_per_second", "prefill_time_ms", "decode_time_ms"} {
-		require.Contains(t, m, k)
-	}
-	require.InDelta(t, 30, m["prefill_time_ms"], 25)
-	require.Equal(t, m["prefill_time_ms"], m["time_to_first_token_ms"])
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Timings = TimingVLLM
+		v := startVirtual(t, cfg)
+		resp := v.post(t, context.Background(), "/v1/chat/completions", chatBody(false, false),
+			"X-Sim-Prefill", "30ms")
+		m := decodeBody[testChunk](t, resp).Metrics
+		for _, k := range []string{"time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
+			"mean_itl_ms", "tokens_per_second", "prefill_time_ms", "decode_time_ms"} {
+			require.Contains(t, m, k)
+		}
+		require.Equal(t, 30.0, m["prefill_time_ms"])
+		require.Equal(t, m["prefill_time_ms"], m["time_to_first_token_ms"])
+	})
 }
 
 func TestTimingModeText(t *testing.T) {

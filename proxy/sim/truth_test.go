@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -15,81 +16,89 @@ import (
 
 // TestOneSlotFIFOTruth runs a burst against a one-slot engine: each request
 // waits for the one before it, in arrival order, and the engine's truth says
-// exactly that, while nothing of it reaches the client.
+// exactly that, while nothing of it reaches the client. It runs in a
+// synctest bubble, so the prefills and the hand-overs are exact.
 func TestOneSlotFIFOTruth(t *testing.T) {
-	cfg := fast()
-	cfg.Slots = 1
-	s, ts := start(t, cfg)
-	const prefill = 400 * time.Millisecond
-	ids := []string{"first", "second", "third"}
-	var wg sync.WaitGroup
-	bodies := make([]string, len(ids))
-	for i, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp := post(t, context.Background(), ts.URL+"/v1/chat/completions",
-				chatBody(false, false, "max_tokens", 10), "X-Request-Id", id, "X-Sim-Prefill", prefill.String())
-			b, err := io.ReadAll(resp.Body)
-			if err == nil {
-				bodies[i] = string(b) + fmt.Sprint(resp.Header)
-			}
-		}()
-		// Arrival order is the order of the queue: wait until this one is in.
-		waitStats(t, s, func(st Stats) bool { return st.Active+st.Queued == i+1 })
-	}
-	wg.Wait()
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Slots = 1
+		v := startVirtual(t, cfg)
+		const prefill = 400 * time.Millisecond
+		ids := []string{"first", "second", "third"}
+		var wg sync.WaitGroup
+		bodies := make([]string, len(ids))
+		for i, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp := v.post(t, context.Background(), "/v1/chat/completions",
+					chatBody(false, false, "max_tokens", 10), "X-Request-Id", id, "X-Sim-Prefill", prefill.String())
+				b, err := io.ReadAll(resp.Body)
+				if err == nil {
+					bodies[i] = string(b) + fmt.Sprint(resp.Header)
+				}
+			}()
+			// Arrival order is the order of the queue: this one is in before
+			// the next is sent.
+			synctest.Wait()
+			st := v.s.Stats()
+			require.Equal(t, i+1, st.Active+st.Queued)
+		}
+		wg.Wait()
 
-	var prev Truth
-	for i, id := range ids {
-		tr, ok := s.Truth(id)
-		require.True(t, ok, id)
-		require.Equal(t, OutcomeCompleted, tr.Outcome)
-		require.Equal(t, id, tr.ID)
-		require.Equal(t, 10, tr.CompletionTokens)
-		require.GreaterOrEqual(t, tr.Prefill, prefill)
-		require.Less(t, tr.Prefill, prefill+200*time.Millisecond)
-		require.Equal(t, tr.Admitted.Sub(tr.Arrived), tr.Queue)
-		if i == 0 {
-			require.Less(t, tr.Queue, 50*time.Millisecond, "the first request finds the slot free")
-		} else {
-			require.False(t, tr.Admitted.Before(prev.Finished), "%s got the slot before %s let it go", id, prev.ID)
-			require.Less(t, tr.Admitted.Sub(prev.Finished), 50*time.Millisecond, "the slot is handed over at once")
-			// It arrived while the one before it held or waited for the slot.
-			require.Greater(t, tr.Queue, prefill/2)
+		var prev Truth
+		for i, id := range ids {
+			tr, ok := v.s.Truth(id)
+			require.True(t, ok, id)
+			require.Equal(t, OutcomeCompleted, tr.Outcome)
+			require.Equal(t, id, tr.ID)
+			require.Equal(t, 10, tr.CompletionTokens)
+			require.Equal(t, prefill, tr.Prefill)
+			require.Equal(t, tr.Admitted.Sub(tr.Arrived), tr.Queue)
+			if i == 0 {
+				require.Zero(t, tr.Queue, "the first request finds the slot free")
+			} else {
+				require.Equal(t, prev.Finished, tr.Admitted, "%s: the slot is handed over at once", id)
+				// It arrived while the one before it held or waited for the slot.
+				require.Greater(t, tr.Queue, prefill/2)
+			}
+			prev = tr
 		}
-		prev = tr
-	}
-	for _, b := range bodies {
-		require.NotEmpty(t, b)
-		for _, leak := range []string{"queue", "prefill", "Admitted", "truth"} {
-			require.NotContains(t, strings.ToLower(b), strings.ToLower(leak), "the truth never reaches the client")
+		for _, b := range bodies {
+			require.NotEmpty(t, b)
+			for _, leak := range []string{"queue", "prefill", "Admitted", "truth"} {
+				require.NotContains(t, strings.ToLower(b), strings.ToLower(leak), "the truth never reaches the client")
+			}
 		}
-	}
-	_, ok := s.Truth("never-sent")
-	require.False(t, ok)
+		_, ok := v.s.Truth("never-sent")
+		require.False(t, ok)
+	})
 }
 
 // TestTruthWithoutRequestID keys a request sent without X-Request-Id by the
 // id the sim generated, and records aborts with their partial work.
 func TestTruthWithoutRequestID(t *testing.T) {
-	s, ts := start(t, fast())
-	resp := post(t, context.Background(), ts.URL+"/v1/chat/completions", chatBody(false, false, "max_tokens", 3))
-	id := decodeBody[testChunk](t, resp).ID
-	tr, ok := s.Truth(strings.TrimPrefix(id, "chatcmpl-"))
-	require.True(t, ok, id)
-	require.Equal(t, 3, tr.CompletionTokens)
+	synctest.Test(t, func(t *testing.T) {
+		v := startVirtual(t, fast())
+		resp := v.post(t, context.Background(), "/v1/chat/completions", chatBody(false, false, "max_tokens", 3))
+		id := decodeBody[testChunk](t, resp).ID
+		tr, ok := v.s.Truth(strings.TrimPrefix(id, "chatcmpl-"))
+		require.True(t, ok, id)
+		require.Equal(t, 3, tr.CompletionTokens)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	post(t, ctx, ts.URL+"/v1/chat/completions", chatBody(true, false), "X-Request-Id", "left", "X-Sim-Prefill", "1h")
-	waitStats(t, s, func(st Stats) bool { return st.Active == 1 })
-	cancel()
-	require.Eventually(t, func() bool { _, ok := s.Truth("left"); return ok }, 5*time.Second, time.Millisecond)
-	tr, _ = s.Truth("left")
-	require.Equal(t, OutcomeAborted, tr.Outcome)
-	require.True(t, tr.FirstToken.IsZero(), "aborted in prefill")
-	require.Zero(t, tr.Prefill)
-	require.Zero(t, tr.CompletionTokens)
+		ctx, cancel := context.WithCancel(context.Background())
+		v.post(t, ctx, "/v1/chat/completions", chatBody(true, false), "X-Request-Id", "left", "X-Sim-Prefill", "1h")
+		synctest.Wait()
+		require.Equal(t, 1, v.s.Stats().Active)
+		cancel()
+		synctest.Wait()
+		tr, ok = v.s.Truth("left")
+		require.True(t, ok, "the abort left no truth")
+		require.Equal(t, OutcomeAborted, tr.Outcome)
+		require.True(t, tr.FirstToken.IsZero(), "aborted in prefill")
+		require.Zero(t, tr.Prefill)
+		require.Zero(t, tr.CompletionTokens)
+	})
 }
 
 func TestTruthsBounded(t *testing.T) {
@@ -129,43 +138,45 @@ func TestUnreportedCache(t *testing.T) {
 			cfg := fast()
 			cfg.UnreportedCache = true
 			cfg.PrefillTokensPerSec = 10000 // 4,000 tokens: 400 ms cold
-			s, ts := start(t, cfg)
-			for i, id := range []string{"cold", "warm"} {
-				for _, stream := range []bool{false, true} {
-					body := maps(tc.body, "stream", stream)
-					if stream {
-						body["stream_options"] = map[string]any{"include_usage": true}
+			synctest.Test(t, func(t *testing.T) {
+				v := startVirtual(t, cfg)
+				for i, id := range []string{"cold", "warm"} {
+					for _, stream := range []bool{false, true} {
+						body := maps(tc.body, "stream", stream)
+						if stream {
+							body["stream_options"] = map[string]any{"include_usage": true}
+						}
+						rid := fmt.Sprintf("%s-%v", id, stream)
+						sent := time.Now()
+						resp := v.post(t, context.Background(), tc.path, body, "X-Request-Id", rid)
+						require.Equal(t, http.StatusOK, resp.StatusCode)
+						b, err := io.ReadAll(resp.Body)
+						require.NoError(t, err)
+						took := time.Since(sent)
+						for _, a := range tc.absent {
+							require.NotContains(t, string(b), a)
+						}
+						for _, p := range tc.present {
+							require.Contains(t, string(b), p)
+						}
+						tr, ok := v.s.Truth(rid)
+						require.True(t, ok)
+						t.Logf("%s: client %v, engine prefill %v, cached %d of %d (reported: none)", rid, took.Round(time.Millisecond), tr.Prefill.Round(time.Millisecond), tr.CachedTokens, tr.PromptTokens)
+						if i == 0 && !stream {
+							require.Zero(t, tr.CachedTokens)
+							require.GreaterOrEqual(t, tr.Prefill, 400*time.Millisecond)
+							require.GreaterOrEqual(t, took, 400*time.Millisecond)
+							continue
+						}
+						// Every later request repeats the prompt: the cache served
+						// all its full blocks and prefill took one engine step.
+						require.Equal(t, (tr.PromptTokens-1)/16*16, tr.CachedTokens, rid)
+						require.Less(t, tr.Prefill, 100*time.Millisecond, rid)
+						require.Less(t, took, 300*time.Millisecond, rid)
 					}
-					rid := fmt.Sprintf("%s-%v", id, stream)
-					sent := time.Now()
-					resp := post(t, context.Background(), ts.URL+tc.path, body, "X-Request-Id", rid)
-					require.Equal(t, http.StatusOK, resp.StatusCode)
-					b, err := io.ReadAll(resp.Body)
-					require.NoError(t, err)
-					took := time.Since(sent)
-					for _, a := range tc.absent {
-						require.NotContains(t, string(b), a)
-					}
-					for _, p := range tc.present {
-						require.Contains(t, string(b), p)
-					}
-					tr, ok := s.Truth(rid)
-					require.True(t, ok)
-					t.Logf("%s: client %v, engine prefill %v, cached %d of %d (reported: none)", rid, took.Round(time.Millisecond), tr.Prefill.Round(time.Millisecond), tr.CachedTokens, tr.PromptTokens)
-					if i == 0 && !stream {
-						require.Zero(t, tr.CachedTokens)
-						require.GreaterOrEqual(t, tr.Prefill, 390*time.Millisecond)
-						require.GreaterOrEqual(t, took, 390*time.Millisecond)
-						continue
-					}
-					// Every later request repeats the prompt: the cache served
-					// all its full blocks and prefill took one engine step.
-					require.Equal(t, (tr.PromptTokens-1)/16*16, tr.CachedTokens, rid)
-					require.Less(t, tr.Prefill, 100*time.Millisecond, rid)
-					require.Less(t, took, 300*time.Millisecond, rid)
 				}
-			}
-			require.Positive(t, s.Stats().CachedTokens, "the engine's own counters keep the truth")
+				require.Positive(t, v.s.Stats().CachedTokens, "the engine's own counters keep the truth")
+			})
 		})
 	}
 }
