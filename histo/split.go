@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -151,7 +152,9 @@ func uncachedTokens(tr *proxy.Trace) (int64, bool) {
 // earlier request had sent for at least hitReuse of it, is a cache hit the
 // engine did not report, and is left out: agents resend a growing prompt
 // every turn, and learning from those turns as if the whole prompt had
-// been prefilled makes the rate absurd (docs/queue-split.md).
+// been prefilled makes the rate absurd (docs/queue-split.md). But
+// modelMinSamples left out in a row that agree within hitFactor are the
+// engine's rate, not hits, and replace the samples (rateModel.refuse).
 const (
 	modelSamples    = 64
 	modelMinSamples = 8
@@ -168,6 +171,8 @@ type rateModel struct {
 	sorted [modelSamples]float64 // the same samples, ascending
 	next   int
 	n      int
+	run    [modelMinSamples]float64 // samples refused as hits since the last one learned
+	runN   int
 }
 
 // learn adds tr's prefill rate, judged against the rates rs read before
@@ -193,9 +198,35 @@ func (m *rateModel) learn(tr *proxy.Trace, idle bool, rs rates) {
 	}
 	x := float64(uncached) / base.Seconds()
 	if rs.any && x > hitFactor*rs.reference {
+		m.refuse(x)
 		return
 	}
 	m.add(x)
+}
+
+// refuse notes x, a sample left out as a cache hit. Unreported hits save
+// different shares of their prompts, so their rates scatter; a run of
+// modelMinSamples refused in a row that agree within hitFactor is instead
+// the engine's cold rate, and the samples it was judged against were the
+// outliers: a stall (ollama loads the model on its first request, which is
+// then the slowest sample by far, and before the model is ready the
+// slowest is the reference) or an engine that got faster. The run then
+// replaces the samples, which would otherwise never move again.
+func (m *rateModel) refuse(x float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.run[m.runN] = x
+	if m.runN++; m.runN < len(m.run) {
+		return
+	}
+	m.runN = 0
+	if slices.Max(m.run[:]) > hitFactor*slices.Min(m.run[:]) {
+		return // hits of different sizes: go on refusing
+	}
+	m.n, m.next = 0, 0
+	for _, v := range m.run {
+		m.addLocked(v)
+	}
 }
 
 // rates is the model read once per Record: the median (ok once ready)
@@ -239,11 +270,18 @@ func estimate(tr *proxy.Trace, rs rates, ready bool) (time.Duration, bool) {
 	return time.Duration(float64(uncached) / rate * float64(time.Second)), true
 }
 
-// add inserts x, evicting the oldest sample once full. Both arrays are
-// small enough that the copies cost less than sorting on every read.
+// add learns x.
 func (m *rateModel) add(x float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.runN = 0 // a sample learned ends a run of refused ones
+	m.addLocked(x)
+}
+
+// addLocked inserts x, evicting the oldest sample once full; the caller
+// holds m.mu. Both arrays are small enough that the copies cost less than
+// sorting on every read.
+func (m *rateModel) addLocked(x float64) {
 	if m.n == modelSamples {
 		old := m.ring[m.next]
 		i := sort.SearchFloat64s(m.sorted[:m.n], old)

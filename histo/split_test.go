@@ -152,3 +152,48 @@ func TestRateModelMedian(t *testing.T) {
 	rate, _ = m.rate()
 	require.Equal(t, 5000.0, rate)
 }
+
+// TestRateModelNotLockedByAStall: before the model is ready the slowest
+// sample is the reference, so one stalled first request (ollama loads the
+// model on it) made every later cold prompt look like a cache hit, and the
+// model never learned. Eight refused samples that agree replace it; eight
+// that scatter, as unreported hits do, do not.
+func TestRateModelNotLockedByAStall(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 1})
+	k := 0
+	apart := func(tr proxy.Trace) proxy.Trace { k++; return shifted(&tr, time.Duration(k)*10*time.Second) }
+	stall := apart(idle(8000, 1000)) // 8,000 tokens in 8 s: the model loading
+	r.Record(&stall)
+	_, n, _ := r.PrefillRate()
+	require.Equal(t, 1, n)
+
+	// Hits of different sizes (3× to 10× the reference) are refused and
+	// stay refused.
+	for i := range modelMinSamples {
+		tr := apart(idle(8000, 3000+1000*float64(i))) // 3,000 to 10,000 tokens/s
+		r.Record(&tr)
+	}
+	_, n, ok := r.PrefillRate()
+	require.Equal(t, 1, n, "scattered fast samples are hits: refused")
+	require.False(t, ok)
+
+	// The engine's real cold rate, about 8,000 tokens/s, eight times in a
+	// row: the stall goes and the model is ready at once.
+	for i := range modelMinSamples {
+		tr := apart(idle(int64(8000+i*50), 8000))
+		r.Record(&tr)
+	}
+	rate, n, ok := r.PrefillRate()
+	require.True(t, ok, "a run of agreeing samples replaces the stall")
+	require.Equal(t, modelMinSamples, n)
+	require.InDelta(t, 8000, rate, 1e-6)
+
+	// A learned sample breaks a run: seven agreeing fast samples, one cold,
+	// seven more fast ones never make eight in a row.
+	for _, rateTok := range []float64{30000, 30000, 30000, 30000, 30000, 30000, 30000, 8000, 30000, 30000, 30000, 30000, 30000, 30000, 30000} {
+		tr := apart(idle(8000, rateTok))
+		r.Record(&tr)
+	}
+	rate, _, _ = r.PrefillRate()
+	require.Less(t, rate, 9000.0, "interleaved hits never replace the cold rate")
+}
