@@ -45,7 +45,10 @@ func chatChoices(s *Scanner, c *Chunk) {
 	if !s.Array() {
 		return
 	}
-	for s.ObjectElem() {
+	for s.Elem() {
+		if !s.Object() {
+			continue
+		}
 		for k := s.Key(); k != nil; k = s.Key() {
 			switch string(k) {
 			case "delta", "message":
@@ -94,7 +97,10 @@ func toolCalls(s *Scanner) bool {
 	if !s.Array() {
 		return false
 	}
-	for s.ObjectElem() {
+	for s.Elem() {
+		if !s.Object() {
+			continue
+		}
 		for k := s.Key(); k != nil; k = s.Key() {
 			if string(k) == "function" {
 				found = toolFunction(s) || found

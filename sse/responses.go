@@ -149,7 +149,10 @@ func textParts(s *Scanner) bool {
 	if !s.Array() {
 		return false
 	}
-	for s.ObjectElem() {
+	for s.Elem() {
+		if !s.Object() {
+			continue
+		}
 		for k := s.Key(); k != nil; k = s.Key() {
 			switch string(k) {
 			case "text", "refusal":

@@ -126,18 +126,6 @@ func (s *Scanner) Elem() bool {
 	return true
 }
 
-// ObjectElem moves to the next element of the current array that is an
-// object and enters it, skipping any other element, and reports false
-// after the closing bracket. The caller reads the object's keys with Key.
-func (s *Scanner) ObjectElem() bool {
-	for s.Elem() {
-		if s.Object() {
-			return true
-		}
-	}
-	return false
-}
-
 // Str consumes a value and returns its raw contents if it is a string, or
 // nil if it is not. An empty string is an empty slice, not nil.
 func (s *Scanner) Str() []byte {
