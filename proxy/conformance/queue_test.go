@@ -17,10 +17,10 @@ import (
 func queueTolerance(truth time.Duration) time.Duration { return max(25*time.Millisecond, truth/10) }
 
 // TestQueueSplitSingleSlot: ollama runs one request at a time (FIFO) on
-// CPU. Four requests sent 30 ms apart through a proxy given no flags: each
-// waited, in truth, from its send until the previous answer's end (the
-// engine's single slot frees then). The proxy's queue_ms must be within
-// max(25 ms, 10%) of that.
+// CPU. Four requests sent at once through a proxy given no flags: each
+// waited, in truth, from its send until the end of the answer the engine
+// served before it (its single slot frees then). The proxy's queue_ms
+// must be within max(25 ms, 10%) of that.
 func TestQueueSplitSingleSlot(t *testing.T) {
 	st := newStack(t)
 	// One cold request first, as any real session has: the proxy learns
@@ -29,7 +29,7 @@ func TestQueueSplitSingleSlot(t *testing.T) {
 	if warm.status != 200 {
 		t.Fatalf("warm-up status %d", warm.status)
 	}
-	const n, stagger = 4, 30 * time.Millisecond
+	const n = 4
 	rs := make([]*response, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -39,34 +39,46 @@ func TestQueueSplitSingleSlot(t *testing.T) {
 			defer wg.Done()
 			rs[i] = do(t, st.proxyURL, "/v1/chat/completions", body, "", 0)
 		}()
-		time.Sleep(stagger) // fixes the engine's FIFO order to the send order
 	}
 	wg.Wait()
-	sort.Slice(rs, func(a, b int) bool { return rs[a].sent.Before(rs[b].sent) })
-	recs := st.waitRecords(t, n+1)[1:]
-	sort.Slice(recs, func(a, b int) bool { return recs[a].Start.Before(recs[b].Start) })
-	var prevEnd time.Time
+	// The engine serves them in whatever order they reached it, one at a
+	// time: that order is the order of their first outputs, seen alike by
+	// the client and by the proxy, so it pairs each client measurement with
+	// its record without any order imposed on the sends.
+	obs := make([]observed, n)
 	for i, r := range rs {
 		if r.status != 200 {
 			t.Fatalf("request %d: status %d", i, r.status)
 		}
-		o := r.observe(t, "/v1/chat/completions")
+		obs[i] = r.observe(t, "/v1/chat/completions")
+	}
+	served := make([]int, n)
+	for i := range served {
+		served[i] = i
+	}
+	sort.Slice(served, func(a, b int) bool { return obs[served[a]].firstOutput.Before(obs[served[b]].firstOutput) })
+	recs := st.waitRecords(t, n+1)[1:]
+	firstOutput := func(r record) time.Time { return r.Start.Add(time.Duration(r.Stamps.FirstOutput)) }
+	sort.Slice(recs, func(a, b int) bool { return firstOutput(recs[a]).Before(firstOutput(recs[b])) })
+	var prevEnd time.Time
+	for k, i := range served {
+		r, o := rs[i], obs[i]
 		// The truth holds only if the engine served one request at a
-		// time in send order: each first output after the previous end.
+		// time: each first output after the previous end.
 		if !prevEnd.IsZero() && o.firstOutput.Before(prevEnd) {
-			t.Fatalf("request %d's first output came %.1f ms before request %d ended: the engine was not a single FIFO slot", i, ms(prevEnd.Sub(o.firstOutput)), i-1)
+			t.Fatalf("the %d. request served had its first output %.1f ms before the one before it ended: the engine was not a single slot", k+1, ms(prevEnd.Sub(o.firstOutput)))
 		}
 		truth := max(0, prevEnd.Sub(r.sent))
 		prevEnd = o.end
-		rec := recs[i]
+		rec := recs[k]
 		if !rec.Queue.Known() {
-			t.Errorf("request %d: queue_ms null (source %q); truth %.1f ms", i, rec.QueueSource, ms(truth))
+			t.Errorf("served %d.: queue_ms null (source %q); truth %.1f ms", k+1, rec.QueueSource, ms(truth))
 			continue
 		}
 		d := time.Duration(rec.Queue) - truth
-		t.Logf("request %d: queue_ms %.1f (source %q), truth %.1f ms, error %+.1f ms", i, rec.Queue.Millis(), rec.QueueSource, ms(truth), ms(d))
+		t.Logf("served %d. (sent %d.): queue_ms %.1f (source %q), truth %.1f ms, error %+.1f ms", k+1, i+1, rec.Queue.Millis(), rec.QueueSource, ms(truth), ms(d))
 		if d.Abs() > queueTolerance(truth) {
-			t.Errorf("request %d: queue_ms %.1f, truth %.1f ms: off by %.1f ms (tolerance %.1f ms)", i, rec.Queue.Millis(), ms(truth), ms(d), ms(queueTolerance(truth)))
+			t.Errorf("served %d.: queue_ms %.1f, truth %.1f ms: off by %.1f ms (tolerance %.1f ms)", k+1, rec.Queue.Millis(), ms(truth), ms(d), ms(queueTolerance(truth)))
 		}
 	}
 }
