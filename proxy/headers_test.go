@@ -1,12 +1,9 @@
 package proxy
 
 import (
-	"bufio"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -14,13 +11,8 @@ import (
 // rawExchange sends a raw HTTP/1.1 request and returns the raw response head.
 func rawExchange(t *testing.T, base, request string) *http.Response {
 	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-	_, err = c.Write([]byte(request))
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	br, _ := rawDial(t, base, request)
+	resp, err := http.ReadResponse(br, nil)
 	require.NoError(t, err)
 	return resp
 }

@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -89,6 +91,19 @@ func rawPost(t *testing.T, base, path, body string, header ...string) net.Conn {
 	_, err = c.Write([]byte(req))
 	require.NoError(t, err)
 	return c
+}
+
+// rawDial sends raw on a new connection to the proxy and returns the
+// reader of what comes back.
+func rawDial(t *testing.T, base, raw string) (*bufio.Reader, net.Conn) {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
+	_, err = io.WriteString(c, raw)
+	require.NoError(t, err)
+	return bufio.NewReader(c), c
 }
 
 // upstreamConns counts p's open upstream connections, idle and busy.

@@ -9,23 +9,9 @@ import (
 	"net/textproto"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
-
-// rawDial sends raw on a new connection to the proxy and returns the
-// reader of what comes back.
-func rawDial(t *testing.T, base, raw string) (*bufio.Reader, net.Conn) {
-	t.Helper()
-	c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-	_, err = io.WriteString(c, raw)
-	require.NoError(t, err)
-	return bufio.NewReader(c), c
-}
 
 // readHead reads one response head (status line and header lines).
 func readHead(t *testing.T, br *bufio.Reader) (string, textproto.MIMEHeader) {

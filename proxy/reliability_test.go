@@ -133,13 +133,7 @@ func TestExpect100ContinueNoHang(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			base, _ := startProxy(t, Config{Upstream: tt.upstream, UpstreamReadTimeout: 300 * time.Millisecond}, newTraceLog())
-			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-			require.NoError(t, err)
-			defer c.Close()
-			require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-			_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 11\r\n\r\n")
-			require.NoError(t, err)
-			br := bufio.NewReader(c)
+			br, c := rawDial(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 11\r\n\r\n")
 			interim, err := http.ReadResponse(br, nil)
 			require.NoError(t, err, "the proxy left the client waiting for 100 Continue")
 			require.Equal(t, http.StatusContinue, interim.StatusCode)

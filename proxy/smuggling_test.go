@@ -55,13 +55,7 @@ func TestAbsoluteFormAndHostCannotRedirectUpstream(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-			require.NoError(t, err)
-			defer c.Close()
-			require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-			_, err = io.WriteString(c, tt.raw)
-			require.NoError(t, err)
-			br := bufio.NewReader(c)
+			br, c := rawDial(t, base, tt.raw)
 			resp, err := http.ReadResponse(br, nil)
 			require.NoError(t, err)
 			io.Copy(io.Discard, resp.Body)
@@ -109,13 +103,7 @@ func TestPipelinedAfterRejectNotServed(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-			require.NoError(t, err)
-			defer c.Close()
-			require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-			_, err = io.WriteString(c, tt.raw+smuggled)
-			require.NoError(t, err)
-			br := bufio.NewReader(c)
+			br, _ := rawDial(t, base, tt.raw+smuggled)
 			resp, err := http.ReadResponse(br, nil)
 			require.NoError(t, err)
 			io.Copy(io.Discard, resp.Body)
@@ -143,13 +131,7 @@ func TestBodyTooLargeClosesConnection(t *testing.T) {
 			"chunked":        "POST /v1/x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + strings.Repeat("a", 0x800) + "\r\n0\r\n\r\n",
 			"content-length": "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\n\r\n" + strings.Repeat("a", 2048),
 		} {
-			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-			require.NoError(t, err)
-			defer c.Close()
-			require.NoError(t, c.SetDeadline(time.Now().Add(2*time.Second)))
-			_, err = io.WriteString(c, raw+"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
-			require.NoError(t, err)
-			br := bufio.NewReader(c)
+			br, _ := rawDial(t, base, raw+"GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
 			resp, err := http.ReadResponse(br, nil)
 			require.NoError(t, err)
 			io.Copy(io.Discard, resp.Body)
@@ -215,13 +197,7 @@ func TestRequestTransferEncodingVariants(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-			require.NoError(t, err)
-			defer c.Close()
-			require.NoError(t, c.SetDeadline(time.Now().Add(3*time.Second)))
-			_, err = io.WriteString(c, tt.raw)
-			require.NoError(t, err)
-			br := bufio.NewReader(c)
+			br, _ := rawDial(t, base, tt.raw)
 			resp, err := http.ReadResponse(br, nil)
 			require.NoError(t, err)
 			io.Copy(io.Discard, resp.Body)
