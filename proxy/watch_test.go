@@ -75,23 +75,31 @@ func watchClient(t *testing.T, conn net.Conn, gone func()) (stop func()) {
 	return w.stop
 }
 
-// TestWatchStopsWithoutVerdictOnData: pipelined bytes end the watch without
-// calling the client gone.
-func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
+// loopbackPair is the two ends of one TCP connection on 127.0.0.1, closed
+// at the test's end.
+func loopbackPair(t *testing.T) (client, server net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
+	client, err = net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
-	defer client.Close()
-	server, err := ln.Accept()
+	t.Cleanup(func() { client.Close() })
+	server, err = ln.Accept()
 	require.NoError(t, err)
-	defer server.Close()
+	t.Cleanup(func() { server.Close() })
+	return client, server
+}
+
+// TestWatchStopsWithoutVerdictOnData: pipelined bytes end the watch without
+// calling the client gone.
+func TestWatchStopsWithoutVerdictOnData(t *testing.T) {
+	client, server := loopbackPair(t)
 
 	gone := make(chan struct{}, 1)
 	w := &clientWatch{gone: func() { gone <- struct{}{} }}
 	require.True(t, w.start(server))
-	_, err = client.Write([]byte("GET / HTTP/1.1\r\n"))
+	_, err := client.Write([]byte("GET / HTTP/1.1\r\n"))
 	require.NoError(t, err)
 	// The hub has registered the socket and peeked at it: the watch ended,
 	// still in the set until stop.
@@ -136,15 +144,7 @@ func hubRegistrations() int {
 // out again, also when the watch fired. Start and stop around the timer's
 // firing, many times over, leave nothing behind.
 func TestWatchDelayedRegistration(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer client.Close()
-	server, err := ln.Accept()
-	require.NoError(t, err)
-	defer server.Close()
+	client, server := loopbackPair(t)
 
 	base := hubRegistrations()
 	w := &clientWatch{gone: func() { t.Error("gone called for a client that stayed") }}
