@@ -101,6 +101,8 @@ func TestLongestPrefixSlot(t *testing.T) {
 		cfg := fast()
 		cfg.Engine = EngineLlamaCpp
 		cfg.Slots = 3
+		cfg.Abandon = AbandonStop // the holder's hour of prefill ends when it leaves
+		cfg.SwitchCost = -1       // no RAM prompt cache: only the slots hold prompts
 		v := startVirtual(t, cfg)
 		send := func(id string, body map[string]any, headers ...string) {
 			resp := v.post(t, context.Background(), "/v1/chat/completions", body, append([]string{"X-Request-Id", id}, headers...)...)

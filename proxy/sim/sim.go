@@ -29,7 +29,13 @@
 //	queue    waits FIFO until one of Config.Slots is free; with per-slot
 //	         caches (Config.Cache, llama.cpp and ollama) it takes the free
 //	         slot whose last prompt shares the longest prefix with its own
-//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms
+//	switch   with llama.cpp's RAM prompt cache (Config.SwitchCost), a slot
+//	         about to overwrite the prompt it holds saves it first, and a
+//	         longer prefix held in the RAM cache is restored: work before
+//	         the prefill that is neither queue nor this prompt's prefill
+//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms;
+//	         with Config.ContextSlowdown (llama.cpp, ollama) each new token
+//	         costs more the more context it attends to
 //	decode   the first token comes out at the end of prefill; after it, the
 //	         event that ends at completion token i is due i−1 tokens later at
 //	         DecodeTokensPerSec, scheduled from the decode start so that timing
@@ -57,8 +63,11 @@
 // A client that goes away is noticed through the request context, which
 // net/http cancels when the connection closes even while the handler sleeps
 // (as vLLM notices a disconnect during prefill): the request leaves the queue
-// or stops prefill or decode at once, and the abort is counted in Stats and
-// sent on Aborts.
+// or stops decode at once, and the abort is counted in Stats and sent on
+// Aborts at once. A prefill runs on as Config.Abandon says: vLLM stops at
+// once, llama.cpp finishes the 2,048-token batch it is on, ollama the whole
+// prompt; the slot stays busy for nobody meanwhile, and what was prefilled
+// stays in the slot's cache.
 //
 // Prompt tokens are len(prompt text)/BytesPerToken (at least 1). The prompt
 // text is: the tools JSON as sent, then "role\ncontent\n" per message in order
@@ -94,8 +103,9 @@
 // drops the connection mid-body.
 //
 // The engine records the truth of every request it admitted — its true
-// queue wait, the slot it held, prefill time, the cached tokens it used,
-// its last token and the instant its slot was let go — for in-process
+// queue wait, the slot it held, the work before its prefill, prefill
+// time, the cached tokens it used, when its head left, its last token, the
+// instant its slot was let go and how long an abandoned prefill ran on — for in-process
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
 //
@@ -171,6 +181,29 @@ type Config struct {
 	// answer that stopped by itself (llama.cpp, ollama). The zero value is
 	// the Engine's.
 	Release ReleaseMode
+	// Abandon is what a prefill whose client left does: stop at once
+	// (vLLM), finish its BatchTokens batch (llama.cpp) or the whole prompt
+	// (ollama) before the slot is free. The zero value is the Engine's.
+	Abandon AbandonMode
+	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
+	// n_batch. 0 means 2048.
+	BatchTokens int
+	// SwitchCost is the cost of saving a slot's prompt to llama.cpp's RAM
+	// prompt cache (--cache-ram) before another prompt overwrites it, and
+	// of restoring a longer prefix from it; work before the prefill that is
+	// neither queue nor prefill (12–58 ms measured per switch). Only with
+	// per-slot caches. 0 means the Engine's: 15 ms for llama.cpp (so a save
+	// and a restore take 30 ms), no RAM cache for the others; negative
+	// means no RAM cache.
+	SwitchCost time.Duration
+	// ContextSlowdown makes prefill cost per new token grow with the
+	// context it attends to: each new token costs 1/PrefillTokensPerSec ×
+	// (1 + ContextSlowdown × context/1000), context being the cached prefix
+	// plus the new tokens before it, so a cold rate under-estimates the
+	// cached tokens of a long history. 0 means the Engine's: 0.1 for
+	// llama.cpp and ollama (CPU attention), none for vLLM; negative means
+	// none.
+	ContextSlowdown float64
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -345,6 +378,7 @@ func withDefaults(c Config) (Config, error) {
 		{"DefaultMaxTokens", &c.DefaultMaxTokens, 256},
 		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
 		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
+		{"BatchTokens", &c.BatchTokens, 2048},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -364,6 +398,9 @@ func withDefaults(c Config) (Config, error) {
 		{"ReasoningShare", &c.ReasoningShare, 0.5, 1},
 		{"FailRate", &c.FailRate, 0, 1},
 		{"TruncateRate", &c.TruncateRate, 0, 1},
+	}
+	if math.IsNaN(c.ContextSlowdown) || math.IsInf(c.ContextSlowdown, 0) {
+		return c, fmt.Errorf("sim: ContextSlowdown is %v", c.ContextSlowdown)
 	}
 	for _, f := range floats {
 		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
