@@ -37,7 +37,9 @@ type job struct {
 	arrived   time.Time
 	bodyHash  uint64
 	hashes    []uint64 // the prompt's prefix-cache block hashes
-	knobs     knobs
+	// promptTokens is len(prompt)/BytesPerToken, at least 1.
+	promptTokens int
+	knobs        knobs
 	// hideCached: the usage reports no cached tokens (Config.UnreportedCache
 	// or X-Sim-Report-Cached: false); the cache still cuts prefill.
 	hideCached bool
@@ -192,7 +194,7 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 		out.head(res)
 	}
 
-	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	res.promptTokens = j.promptTokens
 	s.mu.Lock()
 	work := s.prePrefill(t.slot, j.hashes, res)
 	s.stats.PromptTokens += int64(res.promptTokens)
@@ -203,12 +205,13 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	if err := s.prefill(ctx, timer, j, res, t.slot, res.prefillStart); err != nil {
 		return res, err
 	}
-	s.mu.Lock()
-	s.keep(t.slot, j.hashes)
-	s.mu.Unlock()
 	start := time.Now()
 	res.firstToken = start
 	res.prefill = start.Sub(res.prefillStart)
+	s.mu.Lock()
+	s.keep(t.slot, j.hashes)
+	s.counters.countPrefill(res)
+	s.mu.Unlock()
 
 	if err := out.start(res); err != nil {
 		return res, s.abort(j, res, PhaseDecode)

@@ -65,7 +65,8 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		return
 	}
 	j.hashes = s.cache.hashes(j.prompt)
-	t, ok := s.enqueue(j.hashes)
+	j.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	t, ok := s.enqueue(j.hashes, j.promptTokens+j.maxTokens)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
 			fmt.Sprintf("sim: queue full: %d requests wait for %d slots", s.cfg.MaxQueue, s.cfg.Slots))

@@ -20,6 +20,7 @@ import (
 //	Abandon   stop               batch (2,048)     whole prompt
 //	SwitchCost no RAM cache      15 ms             no RAM cache
 //	ContextSlowdown 0            0.1 per 1k        0.1 per 1k
+//	Metrics   vllm:…             llamacpp:…        none (404)
 //	cached    reported           reported          never reported
 type Engine int
 
@@ -171,6 +172,7 @@ type persona struct {
 	abandon    AbandonMode
 	switchCost time.Duration
 	slowdown   float64
+	metrics    MetricsForm
 	hideCached bool
 }
 
@@ -178,13 +180,13 @@ func (e Engine) persona() persona {
 	switch e {
 	case EngineLlamaCpp:
 		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadSlotStart, timings: TimingLlamaCpp,
-			abandon: AbandonBatch, switchCost: 15 * time.Millisecond, slowdown: 0.1}
+			abandon: AbandonBatch, switchCost: 15 * time.Millisecond, slowdown: 0.1, metrics: MetricsLlamaCpp}
 	case EngineOllama:
 		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadFirstOutput, timings: TimingNone,
-			abandon: AbandonPrompt, switchCost: -1, slowdown: 0.1, hideCached: true}
+			abandon: AbandonPrompt, switchCost: -1, slowdown: 0.1, metrics: MetricsNone, hideCached: true}
 	}
 	return persona{cache: CacheShared, release: ReleaseLastToken, head: HeadAdmission, timings: TimingNone,
-		abandon: AbandonStop, switchCost: -1}
+		abandon: AbandonStop, switchCost: -1, metrics: MetricsVLLM}
 }
 
 // applyPersona fills the knobs left at their zero value from c.Engine.
@@ -193,7 +195,7 @@ func applyPersona(c *Config) error {
 		return fmt.Errorf("sim: unknown Engine %d", int(c.Engine))
 	}
 	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) || !headNames.valid(c.Head) ||
-		!timingNames.valid(c.Timings) || !abandonNames.valid(c.Abandon) {
+		!timingNames.valid(c.Timings) || !abandonNames.valid(c.Abandon) || !metricsNames.valid(c.Metrics) {
 		return fmt.Errorf("sim: unknown Cache %d, Release %d, Head %d, Timings %d or Abandon %d",
 			int(c.Cache), int(c.Release), int(c.Head), int(c.Timings), int(c.Abandon))
 	}
@@ -218,6 +220,9 @@ func applyPersona(c *Config) error {
 	}
 	if c.ContextSlowdown == 0 {
 		c.ContextSlowdown = p.slowdown
+	}
+	if c.Metrics == MetricsAuto {
+		c.Metrics = p.metrics
 	}
 	c.UnreportedCache = c.UnreportedCache || p.hideCached
 	return nil

@@ -109,6 +109,13 @@
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
 //
+// GET /metrics (Config.Metrics) serves the engine's own metrics under its
+// real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
+// usage, prefix-cache queries and hits, token counters, per-request queue,
+// prefill, decode, inference, e2e and TTFT histograms) or llama-server's
+// (requests processing and deferred, prompt tokens excluding cached, cached
+// prompt tokens, prompt seconds, tokens predicted), or 404 as from ollama.
+//
 // Reasoning is on for chat completions and Responses unless the request sends
 // "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
 // "chat_template_kwargs":{"enable_thinking":false}; on for Messages only when
@@ -204,6 +211,10 @@ type Config struct {
 	// llama.cpp and ollama (CPU attention), none for vLLM; negative means
 	// none.
 	ContextSlowdown float64
+	// Metrics is the form of GET /metrics: vLLM's names (vllm:…),
+	// llama-server's (llamacpp:…), both beside the sim's own sim_…, or none
+	// (404, as ollama). The zero value is the Engine's.
+	Metrics MetricsForm
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -339,6 +350,11 @@ type Server struct {
 	trunc    *rand.Rand
 	stats    Stats
 	truths   *truths
+	counters engineCounters
+	kvUsed   int // KV tokens reserved by the requests holding slots
+
+	metrics http.Handler    // GET /metrics in Config.Metrics form
+	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
 }
 
 // New returns a Server for cfg with defaults filled in, or an error naming
@@ -358,6 +374,7 @@ func New(cfg Config) (*Server, error) {
 		truths:   newTruths(),
 		slots:    make([]slot, cfg.Slots),
 	}
+	s.metrics = s.newMetricsHandler()
 	s.mux = s.routes()
 	return s, nil
 }
@@ -432,7 +449,7 @@ func withDefaults(c Config) (Config, error) {
 // ServeHTTP serves the inference API:
 //
 //	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
-//	GET  /v1/models, /health, /metrics
+//	GET  /v1/models, /health, /metrics (in Config.Metrics form)
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
@@ -449,7 +466,7 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/messages", s.generation(newMessages)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
-		{"GET", "/metrics", s.serveMetrics},
+		{"GET", "/metrics", s.metrics.ServeHTTP},
 	} {
 		mux.HandleFunc(r.method+" "+r.path, r.h)
 		mux.HandleFunc(r.path, serveMethodNotAllowed)
@@ -468,8 +485,9 @@ type Stats struct {
 	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
 	Truncated   int64 // streams ended cleanly without their final events
 
-	Active int // holding a slot now
-	Queued int // waiting for a slot now
+	Active   int // holding a slot now
+	Queued   int // waiting for a slot now
+	KVTokens int // KV-cache tokens reserved by the requests holding a slot: prompt plus planned completion
 
 	PromptTokens     int64 // prompt tokens of requests that reached prefill
 	CachedTokens     int64 // the part of PromptTokens served by the prefix cache
@@ -485,6 +503,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Active = s.active
 	st.Queued = len(s.queue)
+	st.KVTokens = s.kvUsed
 	return st
 }
 

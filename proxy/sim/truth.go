@@ -140,7 +140,18 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 	if !tr.FirstToken.IsZero() {
 		tr.Prefill = tr.FirstToken.Sub(tr.PrefillStart)
 	}
+	reason := "abort"
+	switch {
+	case outcome == OutcomeTruncated || (outcome == OutcomeCompleted && !j.limited):
+		reason = "stop"
+	case outcome == OutcomeCompleted:
+		reason = "length"
+	}
 	s.mu.Lock()
 	s.truths.put(tr)
+	s.counters.countEnd(res, reason)
 	s.mu.Unlock()
+	if outcome == OutcomeCompleted {
+		s.hists.observe(tr)
+	}
 }
