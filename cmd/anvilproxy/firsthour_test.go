@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"net"
+	"net/http"
 	"os"
 	"strings"
 	"syscall"
@@ -117,4 +119,36 @@ func TestStreamBound(t *testing.T) {
 		require.Equal(t, c.bound, bound, c.fds)
 		require.Equal(t, c.warn, warn, c.fds)
 	}
+}
+
+// TestAdminPortMisdirected: an agent pointed at the admin port gets an
+// error object that the OpenAI and Anthropic SDKs print, naming the proxy
+// listener's base URL, and the log says so once (issue 27, 3).
+func TestAdminPortMisdirected(t *testing.T) {
+	st, logs := startStackFor(t, "sim")
+	for _, c := range []struct{ method, path string }{
+		{"POST", "/v1/chat/completions"}, {"POST", "/v1/messages"}, {"POST", "/v1/responses"}, {"GET", "/v1/models"}, {"POST", "/chat/completions"},
+	} {
+		req, err := http.NewRequest(c.method, st.adminURL+c.path, strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		var body struct {
+			Type  string
+			Error struct{ Message, Type, Code string }
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		resp.Body.Close()
+		require.Equal(t, http.StatusMisdirectedRequest, resp.StatusCode, c.path)
+		require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		require.Equal(t, "error", body.Type)
+		require.Equal(t, "wrong_port", body.Error.Code)
+		require.Contains(t, body.Error.Message, "use "+st.proxyURL+"/v1 as the base URL", c.path)
+	}
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "an inference request came to the admin listener") }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, 1, strings.Count(logs.String(), "an inference request came to the admin listener"), "rate-limited")
+	code, _ := get(t, st.adminURL+"/metrics")
+	require.Equal(t, http.StatusOK, code, "the admin endpoints are untouched")
+	code, _ = get(t, st.adminURL+"/nothing")
+	require.Equal(t, http.StatusNotFound, code)
 }
