@@ -203,8 +203,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	// Content-Type it did not send is added. fasthttp has no setter for them.
 	ctx.Response.Header.CopyTo(&r.resp.Header)
 	err := p.roundTrip(ctx, r)
-	tr.Headers = time.Now()
 	if err != nil {
+		// No headers came from the upstream: tr.Headers stays zero, so
+		// that the proxy's own 502/504 is never read as the engine's answer
+		// (the upstream's reachability, cmd/anvilproxy/tap.go).
 		why := upstreamFailure(err)
 		if r.hasLeft() {
 			why = refuseClientGone
@@ -212,6 +214,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, r, why)
 		return
 	}
+	tr.Headers = time.Now()
 	if r.resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
 		p.switchProtocols(ctx, r)
 		return

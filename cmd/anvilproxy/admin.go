@@ -37,6 +37,10 @@ func adminMux(st *stack, token string) http.Handler {
 	mux.Handle("GET /status", st.statusHandler())
 	mux.Handle("GET /readyz", st.health.readyHandler(token))
 	dashboard.Register(mux)
+	mis := newMisdirected(st, st.tap.log)
+	for _, p := range misdirectedPaths {
+		mux.Handle(p, mis)
+	}
 	if token == "" {
 		return mux
 	}

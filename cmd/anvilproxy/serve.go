@@ -240,20 +240,30 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		return nil, err
 	}
 	if st.ln, err = net.Listen("tcp", f.listen); err != nil {
-		return nil, fmt.Errorf("listening: %w", err)
+		return nil, bindError("--listen", f.listen, "the agents' address", err)
 	}
 	st.stops = append(st.stops, func() { st.ln.Close() })
 	st.proxyURL = "http://" + st.ln.Addr().String()
 	if f.adminListen != "" {
 		addr, stop, err := startAdmin(f.adminListen, adminMux(st, f.adminToken), log)
 		if err != nil {
-			return nil, err
+			return nil, bindError("--admin-listen", f.adminListen, "the dashboard's and /metrics' address; empty disables it", err)
 		}
 		st.stops = append(st.stops, stop)
 		st.adminAddr, st.adminURL = addr, "http://"+addr
 	}
 	st.snaps.Start()
 	return st, nil
+}
+
+// bindError names the flag behind a listener that could not bind, so that
+// "address already in use" says which port to change.
+func bindError(flagName, addr, what string, err error) error {
+	hint := ""
+	if errors.Is(err, syscall.EADDRINUSE) {
+		hint = ": another process listens there; choose a free one"
+	}
+	return fmt.Errorf("%s %s (%s) cannot be used: %w%s", flagName, addr, what, err, hint)
 }
 
 // close writes the final snapshot (call it once the proxy has drained, so
@@ -298,7 +308,7 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	go func() {
-		<-sigc
+		secondSignal(sigc, time.Now(), time.After(signalEcho), log)
 		log.Warn("second signal: exiting at once")
 		_ = log.Sync()
 		os.Exit(1)
@@ -312,6 +322,32 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	return nil
+}
+
+// signalEcho is how long after the first signal another one is the same
+// request. GNU timeout sends its signal to the command and then to the
+// whole process group (timeout.c, cleanup: send_sig to the child, then
+// send_sig (0, sig) unless --foreground), so the proxy under "timeout"
+// gets SIGTERM twice, microseconds apart; a supervisor that signals a
+// process and its cgroup does the same. A person's second Ctrl-C comes
+// later than this.
+const signalEcho = time.Second
+
+// secondSignal returns at the first signal on sigc after echoEnd fires;
+// those before it are the first signal's echo and are logged, not obeyed.
+func secondSignal(sigc <-chan os.Signal, first time.Time, echoEnd <-chan time.Time, log *zap.Logger) {
+	for {
+		select {
+		case sig := <-sigc:
+			log.Info("signal again at once: the same request (timeout signals the process and its group); a later one exits at once",
+				zap.Stringer("signal", sig), zap.Duration("after", time.Since(first)))
+			continue
+		case <-echoEnd:
+			log.Debug("a second signal now exits at once")
+		}
+		<-sigc
+		return
+	}
 }
 
 // abortDrain bounds the wait, after Abort, for the cut requests to record

@@ -186,6 +186,14 @@ func (h *upstreamHealth) startProbe(ctx context.Context, upstream string, prefix
 		return 0
 	}
 	resp, err := cl.Do(req)
+	if ctx.Err() != nil {
+		// The stack is stopping (a listener failed to bind, or shutdown):
+		// a canceled probe says nothing about the upstream.
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return 0
+	}
 	if err != nil {
 		h.bad(h.now(), err.Error())
 		return 0
