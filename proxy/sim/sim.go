@@ -109,6 +109,14 @@
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
 //
+// llama.cpp's native POST /completion (alias /completions) takes "prompt",
+// "n_predict" and "stream" and answers as llama-server does: a stream of
+// "data: {"content": …, "stop": false}" objects, then one final object with
+// "stop": true, stop_type ("eos", "limit"), tokens_predicted,
+// tokens_evaluated, tokens_cached and timings — no choices, no usage, no
+// [DONE]; a whole answer is that final object with the whole content.
+// Served whatever Config.Engine, with llama.cpp's timings always.
+//
 // GET /metrics (Config.Metrics) serves the engine's own metrics under its
 // real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
 // usage, prefix-cache queries and hits, token counters, per-request queue,
@@ -448,7 +456,8 @@ func withDefaults(c Config) (Config, error) {
 
 // ServeHTTP serves the inference API:
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
+//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
+//	     /completion and /completions (llama.cpp's native protocol)
 //	GET  /v1/models, /health, /metrics (in Config.Metrics form)
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
@@ -464,6 +473,8 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/completions", s.generation(newCompletion)},
 		{"POST", "/v1/responses", s.generation(newResponses)},
 		{"POST", "/v1/messages", s.generation(newMessages)},
+		{"POST", "/completion", s.generation(newNative)},
+		{"POST", "/completions", s.generation(newNative)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
 		{"GET", "/metrics", s.metrics.ServeHTTP},
