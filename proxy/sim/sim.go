@@ -28,7 +28,10 @@
 //
 //	queue    waits FIFO until one of Config.Slots is free; with per-slot
 //	         caches (Config.Cache, llama.cpp and ollama) it takes the free
-//	         slot whose last prompt shares the longest prefix with its own
+//	         slot whose last prompt shares the longest prefix with its own;
+//	         with Config.KVCacheTokens (continuous batching, as vLLM's KV
+//	         budget beside max_num_seqs) the head also waits until its prompt
+//	         and completion fit in the KV cache, and everyone behind it waits
 //	switch   with llama.cpp's RAM prompt cache (Config.SwitchCost), a slot
 //	         about to overwrite the prompt it holds saves it first, and a
 //	         longer prefix held in the RAM cache is restored: work before
@@ -223,6 +226,17 @@ type Config struct {
 	// llama-server's (llamacpp:…), both beside the sim's own sim_…, or none
 	// (404, as ollama). The zero value is the Engine's.
 	Metrics MetricsForm
+	// KVCacheTokens bounds admission by KV-cache tokens, as vLLM's
+	// continuous batching admits a waiting request only while its blocks
+	// fit: a request reserves its prompt plus its planned completion while
+	// it holds a slot, and the head of the queue waits (with everyone behind
+	// it, first come first served) until its reservation fits, however many
+	// of the Slots (max_num_seqs) are free. A request that could never fit is
+	// answered 400. Reserving the whole completion up front stands for
+	// vLLM's growing allocation without its preemption. 0 means no bound
+	// beyond the Slots; with many slots and a bound this is the
+	// continuous-batching mode.
+	KVCacheTokens int
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -404,6 +418,7 @@ func withDefaults(c Config) (Config, error) {
 		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
 		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
 		{"BatchTokens", &c.BatchTokens, 2048},
+		{"KVCacheTokens", &c.KVCacheTokens, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
