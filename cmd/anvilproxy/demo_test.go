@@ -73,13 +73,14 @@ func TestLiveTable(t *testing.T) {
 			ph("queue", 812.4, 2301), ph("prefill", 41.25, 310.9), ph("ttfo", nan, nan), ph("ttft", 1412, 3650), ph("tpot", 4.26, 4.4)}},
 		Goodput: nan, Amplification: 1.09, SLOs: "ttft=2s"}
 	require.Equal(t, []string{
-		"  1:15 / 1:00   12 requests, 3 failed (2 abandoned, 1 refused), 2 retries   5 in flight   2.5 req/s",
+		"  1:15 / 1:00   since start: 12 requests, 3 failed (2 abandoned, 1 refused), 2 retries   5 in flight",
 		"  last 15s         queue   prefill      ttfo      ttft      tpot",
 		"  p50 ms             812      41.2         -      1412      4.26",
 		"  p99 ms            2301       311         -      3650      4.40",
-		"  cache hit 87.3% of prompt tokens   goodput - since start (ttft=2s)   retry amplification 1.09x",
+		"  last 15s     2.5 req/s   cache hit 87.3% of prompt tokens",
+		"  since start  goodput - (ttft=2s)   retry amplification 1.09x",
 	}, s.block("1:15 / 1:00"))
-	require.Equal(t, "  1:15  12 requests, 3 failed (2 abandoned, 1 refused), 2 retries  5 in flight | p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40 | cache 87.3%  goodput -  retry 1.09x",
+	require.Equal(t, "  1:15  since start: 12 requests, 3 failed (2 abandoned, 1 refused), 2 retries  5 in flight | last 15s p50/p99 ms  queue 812/2301  prefill 41.2/311  ttfo -/-  ttft 1412/3650  tpot 4.26/4.40  cache 87.3% | since start: goodput -  retry 1.09x",
 		s.line("1:15"))
 	s.Failed, s.Abandoned, s.Refused, s.Recent.Truncated = 0, 0, 0, true
 	require.Contains(t, s.block("x")[0], "12 requests, 0 failed, 2 retries")

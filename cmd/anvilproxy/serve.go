@@ -168,8 +168,9 @@ type stack struct {
 	tap      *tap            // between the proxy and rec: outcomes, reachability, hints
 	health   *upstreamHealth // /readyz
 	upstream string          // the upstream in use: the embedded engine's URL with --upstream sim
-	started  time.Time
-	slos     string // --slo, in flag form
+	started   time.Time
+	slos      string        // --slo, in flag form
+	snapEvery time.Duration // --snapshot-interval: the snapshot window's length
 
 	proxyURL, adminURL string // http://host:port; adminURL is "" without an admin listener
 	adminAddr          string // the admin listener's bound address; "" without one
@@ -180,7 +181,10 @@ type stack struct {
 // startStack builds the stack that f describes. On error, whatever it
 // started is stopped again.
 func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
-	st := &stack{started: time.Now(), slos: f.slos.String()}
+	st := &stack{started: time.Now(), slos: f.slos.String(), snapEvery: f.snapshot.Interval}
+	if st.snapEvery <= 0 {
+		st.snapEvery = snapshot.DefaultInterval
+	}
 	defer func() {
 		if err != nil {
 			st.stop()
