@@ -160,14 +160,14 @@ func runServe(args []string, stderr io.Writer) error {
 // snapshot Writer (started), the admin listener (serving) and, with
 // --upstream sim, the embedded engine.
 type stack struct {
-	proxy    *proxy.Proxy
-	ln       net.Listener // the data listener; the caller serves it
-	reg      *prometheus.Registry
-	rec      *histo.Recorder
-	snaps    *snapshot.Writer
-	tap      *tap            // between the proxy and rec: outcomes, reachability, hints
-	health   *upstreamHealth // /readyz
-	upstream string          // the upstream in use: the embedded engine's URL with --upstream sim
+	proxy     *proxy.Proxy
+	ln        net.Listener // the data listener; the caller serves it
+	reg       *prometheus.Registry
+	rec       *histo.Recorder
+	snaps     *snapshot.Writer
+	tap       *tap            // between the proxy and rec: outcomes, reachability, hints
+	health    *upstreamHealth // /readyz
+	upstream  string          // the upstream in use: the embedded engine's URL with --upstream sim
 	started   time.Time
 	slos      string        // --slo, in flag form
 	snapEvery time.Duration // --snapshot-interval: the snapshot window's length
