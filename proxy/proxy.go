@@ -34,7 +34,7 @@ import (
 // its configuration is fixed by New.
 type Proxy struct {
 	cfg    Config
-	up     upstream
+	up     Upstream
 	pool   *pool
 	stats  Stats
 	log    *zap.Logger
@@ -56,7 +56,7 @@ type Proxy struct {
 // line per request to log.
 func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	cfg.setDefaults()
-	up, err := parseUpstream(cfg.Upstream)
+	up, err := ParseUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
@@ -407,7 +407,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, r *relay, why refusal) {
 
 // answerError sends a proxy-made error response and ends the request.
 func (p *Proxy) answerError(ctx *fasthttp.RequestCtx, r *relay, status int) {
-	writeError(ctx, status, r.tr.ErrKind, p.up.host)
+	writeError(ctx, status, r.tr.ErrKind, p.up.Host)
 	r.tr.Status = status
 	r.atEOF = true
 	p.finishHandler(r)

@@ -196,11 +196,11 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		cfg.Models = strings.Split(f.models, ",")
 	}
 	if f.upstream != embeddedUpstream {
-		_, prefix, err := checkUpstream(f.upstream)
+		up, err := checkUpstream(f.upstream)
 		if err != nil {
 			return nil, err
 		}
-		if endsInV1(prefix) {
+		if endsInV1(up.Prefix) {
 			log.Warn(v1Hint(redacted(f.upstream)), zap.String("upstream", redacted(f.upstream)))
 		}
 	}
@@ -229,17 +229,17 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}
 	st.rec.SelfCheck().Start()
 	st.stops = append(st.stops, st.rec.SelfCheck().Stop)
-	addr, prefix, err := checkUpstream(cfg.Upstream)
+	up, err := checkUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
 	st.health = newUpstreamHealth(redacted(cfg.Upstream), f.probeEvery, log)
-	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(prefix)}
+	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(up.Prefix)}
 	if st.proxy, err = proxy.New(cfg, log, st.tap); err != nil {
 		return nil, err
 	}
 	registerProxyStats(st.reg, st.proxy.Stats())
-	st.startProbes(addr, prefix, cfg)
+	st.startProbes(up, cfg)
 	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
 		return nil, err
 	}
@@ -379,7 +379,7 @@ const defaultProbeEvery = 5 * time.Second
 // startProbes checks the upstream once over HTTP (in the background, so
 // that a slow upstream does not hold the start) and then, with a probe
 // interval, by TCP connect until the stack stops.
-func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
+func (st *stack) startProbes(up proxy.Upstream, cfg proxy.Config) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	timeout := cfg.DialTimeout
@@ -388,9 +388,9 @@ func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
 	}
 	go func() {
 		defer close(done)
-		st.health.startProbe(ctx, cfg.Upstream, prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
+		st.health.startProbe(ctx, cfg.Upstream, up.Prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
 		if st.health.every > 0 {
-			st.health.probeLoop(ctx, addr, timeout)
+			st.health.probeLoop(ctx, up.Addr, timeout)
 		}
 	}()
 	st.stops = append(st.stops, func() { cancel(); <-done })
