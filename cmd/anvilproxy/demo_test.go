@@ -179,7 +179,8 @@ func TestDashboardInBrowser(t *testing.T) {
 // #token= says so in its header and in every panel, instead of "0
 // requests" and "no requests yet" (issue 27, 4); with the token it draws.
 func dashboardNeedsToken(t *testing.T, bin string) {
-	st, _ := startStackFor(t, "sim", func(f *serveFlags) { f.adminToken = "s3cret" })
+	base := simSnapshots(t, 10, 3000)
+	st, _ := startStackFor(t, "sim", func(f *serveFlags) { f.adminToken, f.baseline = "s3cret", base })
 	for range 3 {
 		st.chat(t)
 	}
@@ -196,6 +197,10 @@ func dashboardNeedsToken(t *testing.T, bin string) {
 	dom, _ = chromium(t, bin, "--dump-dom", st.adminURL+"/#token=s3cret")
 	require.Contains(t, dom, `data-ready="true"`)
 	require.Regexp(t, `since start \(\d+s\): 3 requests`, element(dom, "summary"))
+	// serve --baseline: the panel shows the comparison, as diff makes it.
+	require.Regexp(t, `<section class="panel wide" id="baseline-panel">`, dom)
+	require.Contains(t, element(dom, "baseline"), "verdict: ")
+	require.Regexp(t, `<td class="">tpot</td><td class="num">10/3</td>`, element(dom, "baseline"))
 }
 
 // tickUnit is the unit of an axis tick label.
@@ -236,7 +241,7 @@ func element(dom, id string) string {
 	return rest
 }
 
-var nextID = regexp.MustCompile(`id="(chart-[a-z]+|waterfall|where|goodput|goodput-note|cache|cache-note|retry|drift|legend|summary|status|others)"`)
+var nextID = regexp.MustCompile(`id="(chart-[a-z]+|waterfall|where|goodput|goodput-note|cache|cache-note|retry|drift|legend|summary|status|others|baseline|baseline-panel|goodput-panel)"`)
 
 func TestReadAnswerTruncated(t *testing.T) {
 	chat := "data: {\"choices\":[{\"delta\":{\"content\":\"half \"}}]}\n\n"

@@ -14,6 +14,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
 // silentUpstream accepts connections and never answers: the start probe
@@ -266,4 +270,37 @@ func TestStatusNamesItsWindows(t *testing.T) {
 	require.Contains(t, block, "since start: 3 requests")
 	require.Contains(t, block, "since start  goodput")
 	require.Regexp(t, `last \d+s +\S+ req/s   cache hit`, block)
+}
+
+// TestBaselineDiffEndpoint: with --baseline, /diff compares the window in
+// progress against it as "anvilproxy diff" does; without one it is 404; a
+// baseline that cannot be read stops the start.
+func TestBaselineDiffEndpoint(t *testing.T) {
+	base := simSnapshots(t, 20, 3000)
+	st, _ := startStackFor(t, "sim", func(f *serveFlags) {
+		f.baseline = base
+		f.sim = sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1000}
+	})
+	for range 20 {
+		st.chat(t)
+	}
+	code, body := get(t, st.adminURL+"/diff")
+	require.Equal(t, http.StatusOK, code, body)
+	var d snapshot.Diff
+	require.NoError(t, json.Unmarshal([]byte(body), &d))
+	require.Equal(t, int64(20), d.Baseline.Completed)
+	require.Equal(t, int64(20), d.Current.Completed)
+	require.Contains(t, d.Verdict, "decode slower")
+	require.Len(t, d.Rows, len(snapshot.DiffRowNames))
+
+	plain, _ := startStackFor(t, "sim")
+	code, _ = get(t, plain.adminURL+"/diff")
+	require.Equal(t, http.StatusNotFound, code)
+
+	var f serveFlags
+	f.register(flag.NewFlagSet("serve", flag.ContinueOnError))
+	f.listen, f.adminListen, f.baseline = "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
+	_, err := startStack(&f, zap.NewNop())
+	require.ErrorContains(t, err, "--baseline: ")
+	require.ErrorContains(t, err, "a directory with no snapshot files")
 }

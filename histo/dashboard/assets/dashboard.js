@@ -20,6 +20,7 @@
   let snap = null;
   let snapIsLast = false; // snap is the last complete window: the current one has no request yet
   let status = null;
+  let baseline = null; // /diff: the window in progress against --baseline; null without one
   let skew = 0; // server clock − browser clock, ms
   let lastOK = 0;
   let lastError = "";
@@ -624,8 +625,34 @@
     ], recs);
   }
 
+  // renderBaseline shows /diff as anvilproxy diff prints it: the verdict,
+  // then each row's change at p50, p90 and p99, marked where it is inside
+  // the noise or rests on too few samples. Without --baseline the panel
+  // stays hidden.
+  function renderBaseline() {
+    const panel = $("baseline-panel");
+    panel.hidden = !baseline;
+    if (!baseline) return;
+    const cell = (r, stat) => {
+      const p = (r.points || []).find((x) => x.stat === stat);
+      if (!p) return "";
+      const rel = known(p.relative) ? (p.relative >= 0 ? "+" : "") + (100 * p.relative).toFixed(Math.abs(p.relative) >= 0.1 ? 0 : 1) + "%" : "–";
+      const notes = [p.few_samples ? "n<" + p.samples_needed : "", p.inside_noise && known(p.change) ? "noise" : ""].filter(Boolean);
+      return rel + (notes.length ? " (" + notes.join(", ") + ")" : "");
+    };
+    const rows = baseline.rows || [];
+    $("baseline").innerHTML = `<p class="verdict">verdict: ${esc(baseline.verdict || "")}</p>` + table([
+      { name: "metric", get: (r) => r.name },
+      { name: "n base/now", num: true, get: (r) => (r.points[0] ? r.points[0].baseline_samples + "/" + r.points[0].current_samples : "") },
+      { name: "p50", num: true, get: (r) => cell(r, "p50") || cell(r, "value") },
+      { name: "p90", num: true, get: (r) => cell(r, "p90") },
+      { name: "p99", num: true, get: (r) => cell(r, "p99") },
+    ], rows) + `<p class="note">baseline ${esc(baseline.baseline.requests)} requests, ${esc(baseline.baseline.started_at)} to ${esc(baseline.baseline.finished_at)}; now ${esc(windowName())}</p>`;
+  }
+
   function render() {
     renderHeader();
+    renderBaseline();
     renderPhases();
     renderWaterfall();
     renderGoodput();
@@ -671,5 +698,6 @@
         if (last.requests > 0) { snap = last; snapIsLast = true; }
       } catch (e) { /* no window has ended yet */ }
     }
+    try { baseline = await getJSON("diff"); } catch (e) { baseline = null; }
   }, SNAPSHOT_EVERY);
 })();
