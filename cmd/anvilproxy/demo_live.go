@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 )
 
 // The live table refreshes in place every second on a terminal; elsewhere
@@ -136,8 +137,12 @@ func (s liveStatus) countsText() string {
 	for _, p := range []struct {
 		n    int64
 		name string
-	}{{s.Abandoned, histo.FailureAbandoned}, {s.Refused, histo.FailureRefused}, {s.Errors, "errors"}} {
-		if p.n > 0 {
+	}{{s.Abandoned, histo.FailureAbandoned}, {s.Refused, histo.FailureRefused}, {s.Errors, ""}} {
+		switch {
+		case p.n == 0:
+		case p.name == "":
+			parts = append(parts, plural(p.n, "error"))
+		default:
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.name))
 		}
 	}
@@ -148,16 +153,8 @@ func (s liveStatus) countsText() string {
 	return fmt.Sprintf("%s, %s, %s", plural(s.Requests, "request"), failed, plural(s.Retries, "retry"))
 }
 
-// plural is "1 retry", "2 retries", "0 requests".
-func plural(n int64, word string) string {
-	if n == 1 {
-		return "1 " + word
-	}
-	if strings.HasSuffix(word, "y") {
-		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(word, "y"))
-	}
-	return fmt.Sprintf("%d %ss", n, word)
-}
+// plural is "1 retry", "2 retries", "0 requests": the report's words.
+func plural(n int64, word string) string { return snapshot.Plural(n, word) }
 
 // block is the table for a terminal: the same number of lines every time.
 func (s liveStatus) block(clockText string) []string {

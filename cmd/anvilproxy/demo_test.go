@@ -84,6 +84,8 @@ func TestLiveTable(t *testing.T) {
 		s.line("1:15"))
 	s.Failed, s.Abandoned, s.Refused, s.Recent.Truncated = 0, 0, 0, true
 	require.Contains(t, s.block("x")[0], "12 requests, 0 failed, 2 retries")
+	s.Failed, s.Errors, s.Retries, s.Requests = 1, 1, 1, 1
+	require.Equal(t, "1 request, 1 failed (1 error), 1 retry", s.countsText(), "plurals (issue 27, 9)")
 	require.Contains(t, s.block("x")[1], "newest 512")
 	require.Equal(t, 2.0, nearestRank([]float64{3, 1, 2, 4}, 50))
 	require.Equal(t, 4.0, nearestRank([]float64{3, 1, 2, 4}, 99))

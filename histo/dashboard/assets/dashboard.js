@@ -99,7 +99,7 @@
     const n = { abandoned: 0, refused: 0, errors: 0 };
     let failed = 0;
     for (const r of recs) if (r.failed) { failed++; n[failureClass(r)]++; }
-    const parts = Object.entries(n).filter(([, v]) => v > 0).map(([k, v]) => `${v} ${k}`);
+    const parts = Object.entries(n).filter(([, v]) => v > 0).map(([k, v]) => `${v} ${k === "errors" && v === 1 ? "error" : k}`);
     return `${recs.length} request${recs.length === 1 ? "" : "s"}, ${failed} failed` + (parts.length ? ` (${parts.join(", ")})` : "");
   }
 
