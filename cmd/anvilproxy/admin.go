@@ -35,6 +35,7 @@ func adminMux(st *stack, token string) http.Handler {
 	st.rec.Register(mux)
 	mux.Handle("GET /snapshot", st.snaps.Handler())
 	mux.Handle("GET /status", st.statusHandler())
+	mux.Handle("GET /diff", st.diffHandler())
 	mux.Handle("GET /readyz", st.health.readyHandler(token))
 	dashboard.Register(mux)
 	mis := newMisdirected(st, st.tap.log)
@@ -44,7 +45,7 @@ func adminMux(st *stack, token string) http.Handler {
 	if token == "" {
 		return mux
 	}
-	return requireToken(mux, token, "/requests", "/snapshot", "/status")
+	return requireToken(mux, token, "/requests", "/snapshot", "/status", "/diff")
 }
 
 // requireToken answers 401 to a request for one of paths that does not
