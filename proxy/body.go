@@ -33,7 +33,7 @@ const exactBodyMin = 64 << 10
 func (p *Proxy) readBody(ctx *fasthttp.RequestCtx, r *relay) refusal {
 	limit := p.cfg.MaxBodyBytes
 	cl := ctx.Request.Header.ContentLength()
-	if cl > limit {
+	if cl > limit || bodyOverLimit(&ctx.Request.Header) {
 		return refuseBodyTooLarge
 	}
 	if !ctx.Request.IsBodyStream() {

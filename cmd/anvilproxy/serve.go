@@ -304,12 +304,32 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		os.Exit(1)
 	}()
 	err := srv.ShutdownWithContext(ctx)
+	if err == nil {
+		// fasthttp stops counting a connection once it is hijacked: the
+		// tunnels and HTTP/1.0 streams are waited for here, within the grace.
+		err = waitDrained(ctx, p)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		abortInflight(p, log)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("shutting down: %w", err)
+	}
+	return nil
+}
+
+// waitDrained waits until every request in flight has recorded its Trace,
+// or ctx ends.
+func waitDrained(ctx context.Context, p *proxy.Proxy) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for p.Inflight() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
 	return nil
 }
