@@ -188,6 +188,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}()
 	cfg := f.cfg
 	cfg.Upstream = f.upstream
+	setMemoryLimit(cfg, log)
 	if f.models != "" {
 		cfg.Models = strings.Split(f.models, ",")
 	}
