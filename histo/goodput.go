@@ -10,11 +10,12 @@ import (
 // SLO is a latency objective: a request meets it when its Metric is at most
 // Threshold.
 type SLO struct {
-	Metric    string        // "ttft", "ttfo", "tpot", "e2e" or "queue"
+	// Metric is the word of a phase-table row that may be an SLO's
+	// (sloNames: ttfo, ttft, queue, tpot, e2e); ParseSLO also accepts the
+	// row's Name or Key and stores the word.
+	Metric    string
 	Threshold time.Duration // > 0
 }
-
-var sloMetrics = []string{"ttft", "ttfo", "tpot", "e2e", "queue"}
 
 // ParseSLO parses the flag form "metric=duration", for example "ttft=2s".
 func ParseSLO(s string) (SLO, error) {
@@ -27,12 +28,15 @@ func ParseSLO(s string) (SLO, error) {
 		return SLO{}, fmt.Errorf("histo: slo %q: %w", s, err)
 	}
 	slo := SLO{Metric: strings.ToLower(strings.TrimSpace(name)), Threshold: d}
+	if m, ok := slo.metric(); ok {
+		slo.Metric = m.Phase().ShortName()
+	}
 	return slo, slo.validate()
 }
 
 func (s SLO) validate() error {
-	if !s.known() {
-		return fmt.Errorf("histo: slo %q: metric must be one of %s", s.Metric, strings.Join(sloMetrics, ", "))
+	if _, ok := s.metric(); !ok {
+		return fmt.Errorf("histo: slo %q: metric must be one of %s", s.Metric, strings.Join(sloNames(), ", "))
 	}
 	if s.Threshold <= 0 {
 		return fmt.Errorf("histo: slo %q: threshold must be positive", s.Metric)
@@ -40,34 +44,25 @@ func (s SLO) validate() error {
 	return nil
 }
 
-func (s SLO) known() bool {
-	for _, m := range sloMetrics {
-		if s.Metric == m {
-			return true
+// metric is the phase-table row the SLO judges, if it may be an SLO's.
+func (s SLO) metric() (Metric, bool) {
+	m, ok := MetricByName(s.Metric)
+	return m, ok && phases[m].slo
+}
+
+// sloNames are the words of the rows that may be an SLO's, in table order.
+func sloNames() []string {
+	var out []string
+	for m := range numRequestMetrics {
+		if phases[m].slo {
+			out = append(out, m.Phase().ShortName())
 		}
 	}
-	return false
+	return out
 }
 
 // String returns the flag form, "ttft=2s".
 func (s SLO) String() string { return s.Metric + "=" + s.Threshold.String() }
-
-// of returns the request's value of the SLO's metric.
-func (s SLO) of(rq *Request) Span {
-	switch s.Metric {
-	case "ttft":
-		return rq.TTFT
-	case "ttfo":
-		return rq.TTFO
-	case "tpot":
-		return rq.TPOT
-	case "e2e":
-		return rq.E2E
-	case "queue":
-		return rq.Queue
-	}
-	return NoSpan
-}
 
 // CurveMultiples are the budgets, as multiples of each SLO's threshold, at
 // which the goodput-vs-budget curve is evaluated.
@@ -89,22 +84,22 @@ type tally struct {
 // have (no content for TTFT, one token for TPOT, queue with SourceNone)
 // does not count against it: it cannot be judged, and a successful request
 // is not made bad by what the proxy failed to see.
-func (t *tally) add(rq *Request, slos []SLO) bool {
+func (t *tally) add(failed bool, v *phaseValues, slos []SLO, ms *[maxSLOs]Metric) bool {
 	t.requests++
-	if rq.Failed {
+	if failed {
 		t.failed++
 		return false
 	}
 	good := true
 	for i, s := range slos {
-		v := s.of(rq)
-		if !v.Known() || time.Duration(v) <= s.Threshold {
+		x := v[ms[i]] // ns, NaN when unknown: all SLO metrics are spans
+		if x != x || x <= float64(s.Threshold) {
 			t.met[i]++
 		} else {
 			good = false
 		}
 		for j, k := range CurveMultiples {
-			if !v.Known() || float64(v) <= k*float64(s.Threshold) {
+			if x != x || x <= k*float64(s.Threshold) {
 				t.within[i][j]++
 			}
 		}

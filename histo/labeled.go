@@ -119,8 +119,8 @@ func (m *metrics) newObservers(route, model string) *observers {
 // distributions, as in the v1 schema ("failed … responses retain sanitized
 // timing and metadata but are excluded from performance distributions");
 // they are counted by code and error.
-func (o *observers) observe(rq *Request) {
-	for i := range phases {
+func (o *observers) observe(rq *Request, v *phaseValues) {
+	for i := range v {
 		row := &phases[i]
 		j := 0
 		switch row.labels {
@@ -134,8 +134,8 @@ func (o *observers) observe(rq *Request) {
 		case byCold:
 			j = b2i(rq.Cold)
 		}
-		if v, ok := row.promValue(rq); ok {
-			o[i][j].Observe(v)
+		if x, ok := Metric(i).promValue(v[i]); ok {
+			o[i][j].Observe(x)
 		}
 	}
 }

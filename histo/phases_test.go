@@ -22,6 +22,7 @@ func TestPhaseTable(t *testing.T) {
 		perRequest := m < numRequestMetrics
 		require.Equal(t, perRequest, row.Key != "", "%s: per-request metrics have a Key, per-event ones none", row.Name)
 		require.Equal(t, row.labels == perEvent, !perRequest, "%s: per-event rows are unlabeled", row.Name)
+		require.Equal(t, perRequest, row.of != nil, "%s: per-request metrics have a definition, per-event ones none", row.Name)
 	}
 	// Set every Request field that a row reads to a distinct value, and read
 	// it back through the row.
@@ -41,7 +42,7 @@ func TestPhaseTable(t *testing.T) {
 			default:
 				f.SetInt(n)
 				want[m] = float64(n)
-				if phases[m].field.kind == spanField {
+				if phases[m].Unit == Microseconds {
 					want[m] = float64(n) / 1e6 // nanoseconds → milliseconds
 				}
 			}
@@ -50,9 +51,57 @@ func TestPhaseTable(t *testing.T) {
 	for m := range numRequestMetrics {
 		require.Contains(t, want, m, "%s: no Request field %q", m, phases[m].Key)
 		require.Equal(t, want[m], m.Value(&rq), m.String())
-		hv, ok := phases[m].hdrValue(&rq)
+		hv, ok := m.hdrValue(rq.phase(m))
 		require.True(t, ok, m.String())
 		require.Positive(t, hv, m.String())
 	}
 	require.True(t, math.IsNaN(MetricInterEvent.Value(&rq)), "per-event metrics have no per-request value")
+}
+
+// TestPhaseSlots: Request.slot gives, for every per-request row, exactly
+// one pointer, to the field whose JSON name is the row's Key and whose
+// type fits the row's unit; and setPhases puts every evaluated value
+// there, unknown as null.
+func TestPhaseSlots(t *testing.T) {
+	var rq Request
+	v := reflect.ValueOf(&rq).Elem()
+	for m := range numRequestMetrics {
+		span, rate, count := rq.slot(m)
+		var addr any
+		n := 0
+		for _, p := range []any{span, rate, count} {
+			if !reflect.ValueOf(p).IsNil() {
+				addr, n = p, n+1
+			}
+		}
+		require.Equal(t, 1, n, "%s: one slot", m)
+		switch phases[m].Unit {
+		case Microseconds:
+			require.NotNil(t, span, m.String())
+		case MilliTokensPerSecond:
+			require.NotNil(t, rate, m.String())
+		case Tokens:
+			require.NotNil(t, count, m.String())
+		}
+		found := false
+		for j := range v.NumField() {
+			if v.Type().Field(j).Tag.Get("json") == phases[m].Key {
+				require.Equal(t, v.Field(j).Addr().Interface(), addr, "%s: slot is the field named by Key", m)
+				found = true
+			}
+		}
+		require.True(t, found, "%s: Request has a field %q", m, phases[m].Key)
+	}
+	var vals phaseValues
+	for m := range vals {
+		vals[m] = math.NaN()
+	}
+	vals[MetricTTFO], vals[MetricDecodeRate], vals[MetricPromptTokens] = 1.5e6, 42.5, 7
+	rq.setPhases(&vals)
+	require.Equal(t, Span(1_500_000), rq.TTFO)
+	require.Equal(t, Float(42.5), rq.DecodeRate)
+	require.Equal(t, Count(7), rq.PromptTokens)
+	require.False(t, rq.TTFT.Known())
+	require.Equal(t, Count(-1), rq.OutputTokens)
+	require.True(t, math.IsNaN(float64(rq.PrefillRate)))
 }

@@ -69,6 +69,8 @@ type Config struct {
 	// SelfCheck configures the measurement-quality probe
 	// (Recorder.SelfCheck), which the caller starts.
 	SelfCheck selfcheck.Config
+
+	sloMetrics [maxSLOs]Metric // SLOs[i]'s row, resolved by setDefaults
 }
 
 func (c *Config) setDefaults() error {
@@ -81,15 +83,17 @@ func (c *Config) setDefaults() error {
 	if len(c.SLOs) > maxSLOs {
 		return fmt.Errorf("histo: at most %d SLOs, one per metric", maxSLOs)
 	}
-	seen := make(map[string]bool)
-	for _, s := range c.SLOs {
+	seen := make(map[Metric]bool)
+	for i, s := range c.SLOs {
 		if err := s.validate(); err != nil {
 			return err
 		}
-		if seen[s.Metric] {
+		m, _ := s.metric()
+		if seen[m] {
 			return fmt.Errorf("histo: slo %q: configured twice", s.Metric)
 		}
-		seen[s.Metric] = true
+		seen[m] = true
+		c.sloMetrics[i] = m
 	}
 	c.SLOs = append([]SLO(nil), c.SLOs...)
 	if c.Log == nil {
@@ -236,14 +240,15 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	var rq Request
 	rs := r.model.read()
 	sp, place := r.split(tr, rs)
-	newRequest(&rq, tr, sp)
+	v := evalPhases(tr, sp)
+	newRequest(&rq, tr, sp, &v)
 	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
 	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq)
 	if !rq.Failed {
-		set.observe(&rq)
+		set.observe(&rq, &v)
 	}
-	r.add(&rq, tr)
+	r.add(&rq, tr, &v)
 	// Learn after splitting, so a request is never judged by its own
 	// sample. Idle: nothing was ahead of it in the engine.
 	idle := place.ok && place.ahead == 0 || !place.ok && tr.InflightAtAdmit == 0
@@ -258,8 +263,8 @@ func (r *Recorder) warnSlots() {
 		zap.Int("used", s.Effective), zap.String("state", s.State))
 }
 
-// add puts rq into the current window under the lock.
-func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
+// add puts rq, whose phases are v, into the current window under the lock.
+func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur.retry.add(tr)
@@ -270,10 +275,10 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.cur.conv.add(turn)
 	r.conv.observe(turn)
 	rq.Index = int(r.cur.tally.requests)
-	rq.Good = r.cur.tally.add(rq, r.cfg.SLOs)
+	rq.Good = r.cur.tally.add(rq.Failed, v, r.cfg.SLOs, &r.cfg.sloMetrics)
 	r.cur.cache.add(rq)
 	if !rq.Failed {
-		r.recordHDR(rq)
+		r.recordHDR(v)
 	}
 	if !r.cur.add(rq, r.cfg.MaxWindowRequests) {
 		r.prom.dropped.Inc()
@@ -281,12 +286,12 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace) {
 	r.recent.put(rq)
 }
 
-// recordHDR records a successful request's phases, as the phase table
-// reads them. The caller holds r.mu.
-func (r *Recorder) recordHDR(rq *Request) {
-	for m := range numRequestMetrics {
-		if v, ok := phases[m].hdrValue(rq); ok {
-			r.hist[m].record(v)
+// recordHDR records a successful request's evaluated phases. The caller
+// holds r.mu.
+func (r *Recorder) recordHDR(v *phaseValues) {
+	for m, raw := range v {
+		if h, ok := Metric(m).hdrValue(raw); ok {
+			r.hist[m].record(h)
 		}
 	}
 }

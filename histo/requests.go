@@ -170,9 +170,9 @@ type Request struct {
 	Turn         Count  `json:"turn"`
 }
 
-// newRequest fills rq from tr and its split. Index and Good are set under
-// Recorder.mu when the request is added to a window.
-func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
+// newRequest fills rq from tr, its split and its evaluated phases. Index
+// and Good are set under Recorder.mu when the request is added to a window.
+func newRequest(rq *Request, tr *proxy.Trace, sp Split, v *phaseValues) {
 	*rq = Request{
 		ID:                  tr.ID,
 		Start:               tr.Recv.Round(0).UTC(), // UTC: no *Location to keep per record
@@ -187,11 +187,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		Cold:                tr.Cold,
 		InflightAtAdmit:     tr.InflightAtAdmit,
 		Stamps:              stampsOf(tr),
-		Connect:             Span(tr.Connect),
 		QueueSource:         sp.Source,
-		Queue:               spanOf(sp.Queue, sp.OK),
-		Prefill:             spanOf(sp.Prefill, sp.OK),
-		PromptTokens:        Count(tr.PromptTokens),
 		CachedTokens:        Count(tr.CachedTokens),
 		CacheInferredTokens: -1, // Record infers it
 		ReasoningTokens:     Count(tr.ReasoningTokens),
@@ -205,25 +201,88 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		PrefixReuse:         prefixReuse(&tr.Prefix),
 		RetryAttempt:        Count(tr.Retry.Attempt), // Record takes inference routes only: always known
 	}
+	rq.setPhases(v)
 	rq.Conversation, rq.Turn = conversationOf(&tr.Prefix)
 	if tr.ErrKind != proxy.ErrNone {
 		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()
 	}
 	rq.ProxyQueue = spanOf(tr.ProxyQueue())
-	rq.TTFO = spanOf(tr.TTFO())
-	rq.TTFT = spanOf(tr.TTFT())
-	rq.Reasoning = spanOf(tr.Reasoning())
-	rq.Generation = spanOf(tr.Generation())
-	rq.TPOT = spanOf(tr.TPOT())
-	rq.E2E = spanOf(tr.E2E())
 	rq.Tail = spanOf(tr.Tail())
-	rq.DecodeRate = floatOf(tr.DecodeTokensPerSec())
-	rq.PrefillRate = floatOf(tr.EffectivePrefillTokensPerSec())
-	n, src := tr.OutputTokens()
-	rq.OutputTokens, rq.OutputTokenSource = Count(n), src
-	if src == "" {
-		rq.OutputTokens = -1
+	_, rq.OutputTokenSource = tr.OutputTokens()
+}
+
+// setPhases puts a request's evaluated phases into its fields.
+func (rq *Request) setPhases(v *phaseValues) {
+	for m, raw := range v {
+		span, rate, count := rq.slot(Metric(m))
+		switch {
+		case span != nil:
+			*span = NoSpan
+			if raw == raw {
+				*span = Span(raw)
+			}
+		case rate != nil:
+			*rate = Float(raw)
+		case count != nil:
+			*count = -1
+			if raw == raw {
+				*count = Count(raw)
+			}
+		}
 	}
+}
+
+// phase returns rq's raw value of the per-request metric m (phaseRow.of),
+// NaN when unknown.
+func (rq *Request) phase(m Metric) float64 {
+	span, rate, count := rq.slot(m)
+	switch {
+	case span != nil && span.Known():
+		return float64(*span)
+	case rate != nil:
+		return float64(*rate)
+	case count != nil && *count >= 0:
+		return float64(*count)
+	}
+	return math.NaN()
+}
+
+// slot is the field of rq that holds the per-request metric m, as exactly
+// one non-nil pointer of the field's type: the one place a phase's Request
+// field is named besides its declaration (TestPhaseSlots checks each
+// against the row's Key). A switch, not a func-valued column of the
+// table: the compiler sees through it, so Record's Request stays on the
+// stack (TestRecordAllocs).
+func (rq *Request) slot(m Metric) (*Span, *Float, *Count) {
+	switch m {
+	case MetricTTFO:
+		return &rq.TTFO, nil, nil
+	case MetricTTFT:
+		return &rq.TTFT, nil, nil
+	case MetricQueue:
+		return &rq.Queue, nil, nil
+	case MetricPrefill:
+		return &rq.Prefill, nil, nil
+	case MetricReasoning:
+		return &rq.Reasoning, nil, nil
+	case MetricGeneration:
+		return &rq.Generation, nil, nil
+	case MetricTPOT:
+		return &rq.TPOT, nil, nil
+	case MetricE2E:
+		return &rq.E2E, nil, nil
+	case MetricConnect:
+		return &rq.Connect, nil, nil
+	case MetricDecodeRate:
+		return nil, &rq.DecodeRate, nil
+	case MetricPrefillRate:
+		return nil, &rq.PrefillRate, nil
+	case MetricPromptTokens:
+		return nil, nil, &rq.PromptTokens
+	case MetricCompletionTokens:
+		return nil, nil, &rq.OutputTokens
+	}
+	return nil, nil, nil
 }
 
 func floatOf(v float64, ok bool) Float {

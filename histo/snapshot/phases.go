@@ -2,7 +2,6 @@ package snapshot
 
 import (
 	"fmt"
-	"reflect"
 
 	"github.com/anvilproxy/anvilproxy/histo"
 )
@@ -17,12 +16,12 @@ type stem struct {
 	name   string
 	ms     bool // the statistics' keys end in _ms
 	metric histo.Metric
-	field  int // Timing field read, by index
+	key    string // the request_timings key read
 }
 
 // value returns stem s of t in the v1 unit; each stem reads its own key, so
 // a benchmark file's legacy duplicates are summarized as written.
-func (s stem) value(t *Timing) Num { return timingValue(t, s.field) }
+func (s stem) value(t *Timing) Num { return timingValue(t, s.key) }
 
 // extPhase is a distribution of the anvilproxy extension, keyed as in the
 // document.
@@ -32,11 +31,6 @@ type extPhase struct {
 }
 
 var (
-	// timingFields is the Timing field of each metric's Key; −1 for the
-	// per-event metrics, which have none.
-	timingFields [histo.NumMetrics]int
-	// aliasFields are the Timing fields of each metric's aliases.
-	aliasFields [histo.NumMetrics][]int
 	// stems are the benchmark's distributions, with the histogram behind each.
 	stems []stem
 	// phases are the extension's distributions.
@@ -46,80 +40,107 @@ var (
 func init() {
 	for m := range histo.NumMetrics {
 		ph := m.Phase()
-		timingFields[m] = -1
 		if ph.Key != "" {
-			timingFields[m] = timingField(ph.Key)
+			timingSlot(new(Timing), ph.Key) // a key Timing lacks is a bug, caught here
 		}
 		if !ph.V1 {
 			phases = append(phases, extPhase{ph.Name + "_ms", m})
 			continue
 		}
-		stems = append(stems, stem{ph.Name, ph.Unit == histo.Microseconds, m, timingFields[m]})
+		stems = append(stems, stem{ph.Name, ph.Unit == histo.Microseconds, m, ph.Key})
 		for _, a := range ph.Aliases {
-			aliasFields[m] = append(aliasFields[m], timingField(a.Key))
-			stems = append(stems, stem{a.Stem, a.Ms, m, timingField(a.Key)})
+			timingSlot(new(Timing), a.Key)
+			stems = append(stems, stem{a.Stem, a.Ms, m, a.Key})
 		}
 	}
 }
 
-// timingField is the index of Timing's field with JSON name key. A key
-// that Timing lacks is a bug in the phase table, caught at init.
-func timingField(key string) int {
-	t := reflect.TypeFor[Timing]()
-	for i := range t.NumField() {
-		if t.Field(i).Tag.Get("json") == key {
-			return i
-		}
+// timingSlot is the field of t with JSON name key, as exactly one
+// non-nil pointer: the request_timings keys of the phase table's rows and
+// aliases (TestTimingSlots checks each against Timing's tags). A key that
+// Timing lacks is a bug in the phase table.
+func timingSlot(t *Timing, key string) (*Num, *histo.Count) {
+	switch key {
+	case "time_to_first_output_ms":
+		return &t.TimeToFirstOutputMs, nil
+	case "ttft_ms":
+		return &t.TtftMs, nil
+	case "queue_ms":
+		return &t.QueueMs, nil
+	case "prefill_ms":
+		return &t.PrefillMs, nil
+	case "reasoning_ms":
+		return &t.ReasoningMs, nil
+	case "generation_ms":
+		return &t.GenerationMs, nil
+	case "tpot_ms":
+		return &t.TpotMs, nil
+	case "mean_inter_token_latency_ms":
+		return &t.MeanInterTokenLatencyMs, nil
+	case "mean_time_per_output_token_ms":
+		return &t.MeanTimePerOutputTokenMs, nil
+	case "e2e_ms":
+		return &t.E2EMs, nil
+	case "connect_ms":
+		return &t.ConnectMs, nil
+	case "decode_tok_s":
+		return &t.DecodeTokS, nil
+	case "effective_prefill_tok_s":
+		return &t.EffectivePrefillTokS, nil
+	case "prompt_tokens":
+		return nil, &t.PromptTokens
+	case "output_tokens":
+		return nil, &t.OutputTokens
 	}
 	panic(fmt.Sprintf("BUG: the phase table's key %q is not a request_timings key", key))
 }
 
-// timingValue reads field i of t in the v1 unit: NaN when unknown (a
-// negative count, or no field).
-func timingValue(t *Timing, i int) Num {
-	if i < 0 {
+// timingValue reads t's value under key in the v1 unit: NaN when unknown
+// (a negative count, or no key).
+func timingValue(t *Timing, key string) Num {
+	if key == "" {
 		return nan
 	}
-	f := reflect.ValueOf(t).Elem().Field(i)
-	if f.Kind() == reflect.Float64 {
-		return Num(f.Float())
+	num, count := timingSlot(t, key)
+	if num != nil {
+		return *num
 	}
-	if c := f.Int(); c >= 0 {
-		return Num(c)
+	if *count >= 0 {
+		return Num(*count)
 	}
 	return nan
 }
 
-// setTiming sets field i of t from a v1 value, NaN for unknown (−1 in a
-// count field).
-func setTiming(t *Timing, i int, v float64) {
-	f := reflect.ValueOf(t).Elem().Field(i)
-	if f.Kind() == reflect.Float64 {
-		f.SetFloat(v)
+// setTiming sets t's value under key from a v1 value, NaN for unknown (−1
+// in a count field).
+func setTiming(t *Timing, key string, v float64) {
+	num, count := timingSlot(t, key)
+	if num != nil {
+		*num = Num(v)
 		return
 	}
-	if v != v {
-		f.SetInt(-1)
-		return
+	*count = -1
+	if v == v {
+		*count = histo.Count(v)
 	}
-	f.SetInt(int64(v))
 }
 
 // metricValue returns the value of metric m of t in the v1 unit (NaN when
 // unknown or recorded per event).
-func metricValue(t *Timing, m histo.Metric) Num { return timingValue(t, timingFields[m]) }
+func metricValue(t *Timing, m histo.Metric) Num { return timingValue(t, m.Phase().Key) }
 
 // putPhases sets t's fields of every per-request metric, and of their
 // aliases, from rq.
 func putPhases(t *Timing, rq *histo.Request) {
 	for m := range histo.NumMetrics {
-		if timingFields[m] < 0 {
+		ph := m.Phase()
+		if ph.Key == "" {
 			continue
 		}
 		v := m.Value(rq)
-		setTiming(t, timingFields[m], v)
-		for _, i := range aliasFields[m] {
-			setTiming(t, i, v)
+		setTiming(t, ph.Key, v)
+		for _, a := range ph.Aliases {
+			setTiming(t, a.Key, v)
 		}
 	}
 }
