@@ -207,6 +207,13 @@ func TestRecordAllocs(t *testing.T) {
 		r.Record(&tr) // the first chunk of the window is allocated here
 	}
 	require.Zero(t, testing.AllocsPerRun(500, func() { r.Record(&tr) }))
+	// Nor does Record make a caller's Trace escape: a func-valued phase
+	// definition would (the arguments of an indirect call escape), and a
+	// caller that keeps its Trace on the stack would pay for it.
+	require.Zero(t, testing.AllocsPerRun(500, func() {
+		local := tr
+		r.Record(&local)
+	}))
 }
 
 // TestOccupancyBeforeFirstRecorded: a request received before the first

@@ -8,45 +8,45 @@ import (
 )
 
 // phases is the one table of the measured phases and per-request values:
-// one row per HDR histogram, indexed by Metric. Each row carries its
-// definition over the Trace and the split (of); Record evaluates every row
-// once into a phaseValues array, and everything that records or reports a
+// one row per HDR histogram, indexed by Metric. Each per-request row's
+// definition over the Trace and the split is its case of Metric.of, beside
+// the table; Record evaluates every row once into a phaseValues array, and everything that records or reports a
 // phase indexes that array or this table: the HDR name and unit (hdr.go),
 // the clamp label, the Prometheus histogram's name, help, buckets and
 // labels (metrics.go, labeled.go), the HDR histograms (recordHDR), the SLO
 // metrics (goodput.go), the /requests record (Request.slot), and, through
 // Metric.Phase, the v1 snapshot's stems, extension distributions and
 // request_timings keys (histo/snapshot), the live table and `diff`
-// (ShortName). Adding a phase is a Metric constant, a Request field (its
-// case in Request.slot) and one row here (docs/design.md "How to add a
-// phase").
+// (ShortName, LabelText). Adding a phase is a Metric constant, one row
+// here with its case in Metric.of, and a Request field with its case in
+// Request.slot (docs/design.md "How to add a phase").
 //
 // The table is read-only and safe for concurrent use.
 var phases = [NumMetrics]phaseRow{
-	MetricTTFO: {Phase: Phase{Name: "time_to_first_output", Short: "ttfo", Unit: Microseconds, Key: "time_to_first_output_ms", V1: true},
+	MetricTTFO: {Phase: Phase{Name: "time_to_first_output", Short: proxy.NameTTFO, Label: "time to first output", Unit: Microseconds, Key: "time_to_first_output_ms", V1: true},
 		prom: "anvilproxy_time_to_first_output_seconds", help: "Time from request received to the first reasoning, content or tool-call delta. Successful inference requests only.",
-		buckets: phaseBuckets, of: traceSpan((*proxy.Trace).TTFO), slo: true,
+		buckets: phaseBuckets, slo: true,
 		labels: byRouteModel},
-	MetricTTFT: {Phase: Phase{Name: "ttft", Unit: Microseconds, Key: "ttft_ms", V1: true},
+	MetricTTFT: {Phase: Phase{Name: proxy.NameTTFT, Unit: Microseconds, Key: "ttft_ms", V1: true},
 		prom: "anvilproxy_time_to_first_token_seconds", help: "Time from request received to the first content or tool-call delta; includes reasoning. Successful inference requests only.",
-		buckets: phaseBuckets, of: traceSpan((*proxy.Trace).TTFT), slo: true,
+		buckets: phaseBuckets, slo: true,
 		labels: byRouteModel},
 	MetricQueue: {Phase: Phase{Name: "queue", Unit: Microseconds, Key: "queue_ms"},
 		prom: "anvilproxy_queue_seconds", help: "Wait before prefill began (limiter wait plus engine queue), by where the split came from. Successful inference requests only.",
-		buckets: phaseBuckets, of: func(_ *proxy.Trace, sp Split) float64 { return spanValue(sp.Queue, sp.OK) }, slo: true,
+		buckets: phaseBuckets, slo: true,
 		labels: bySource},
 	MetricPrefill: {Phase: Phase{Name: "prefill", Unit: Microseconds, Key: "prefill_ms"},
 		prom: "anvilproxy_prefill_seconds", help: "Prefill time: time to first output minus queue and connect. Successful inference requests only.",
-		buckets: phaseBuckets, of: func(_ *proxy.Trace, sp Split) float64 { return spanValue(sp.Prefill, sp.OK) },
-		labels: byRouteModel},
+		buckets: phaseBuckets,
+		labels:  byRouteModel},
 	MetricReasoning: {Phase: Phase{Name: "reasoning", Unit: Microseconds, Key: "reasoning_ms"},
 		prom: "anvilproxy_reasoning_seconds", help: "Time from the first output to the first content when reasoning came first, else 0. Successful inference requests only.",
-		buckets: phaseBuckets, of: traceSpan((*proxy.Trace).Reasoning),
-		labels: byRouteModel},
+		buckets: phaseBuckets,
+		labels:  byRouteModel},
 	MetricGeneration: {Phase: Phase{Name: "generation", Unit: Microseconds, Key: "generation_ms", V1: true},
 		prom: "anvilproxy_generation_seconds", help: "Time from the first output to the end of the upstream stream. Successful inference requests only.",
-		buckets: phaseBuckets, of: traceSpan((*proxy.Trace).Generation),
-		labels: byRouteModel},
+		buckets: phaseBuckets,
+		labels:  byRouteModel},
 	MetricTPOT: {Phase: Phase{Name: "tpot", Unit: Microseconds, Key: "tpot_ms", V1: true, Aliases: []Alias{
 		// The benchmark's legacy names for the same values; each reads its
 		// own request_timings key, so a file's duplicates are summarized as
@@ -55,28 +55,28 @@ var phases = [NumMetrics]phaseRow{
 		{Stem: "mean_time_per_output_token", Key: "mean_time_per_output_token_ms", Ms: true},
 	}},
 		prom: "anvilproxy_time_per_output_token_seconds", help: "Generation time divided by output tokens after the first. Successful inference requests only.",
-		buckets: tpotBuckets, of: traceSpan((*proxy.Trace).TPOT), slo: true,
+		buckets: tpotBuckets, slo: true,
 		labels: byRouteModel},
-	MetricE2E: {Phase: Phase{Name: "e2e", Unit: Microseconds, Key: "e2e_ms", V1: true},
+	MetricE2E: {Phase: Phase{Name: proxy.NameE2E, Unit: Microseconds, Key: "e2e_ms", V1: true},
 		prom: "anvilproxy_request_duration_seconds", help: "Time from request received to the end of the upstream response. Successful inference requests only.",
-		buckets: phaseBuckets, of: traceSpan((*proxy.Trace).E2E), slo: true,
+		buckets: phaseBuckets, slo: true,
 		labels: byRouteModel},
 	MetricConnect: {Phase: Phase{Name: "connect", Unit: Microseconds, Key: "connect_ms"},
 		prom: "anvilproxy_upstream_connect_seconds", help: "Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.",
-		buckets: gapBuckets, of: func(tr *proxy.Trace, _ Split) float64 { return float64(tr.Connect) },
-		labels: byCold},
-	MetricDecodeRate: {Phase: Phase{Name: "decode_tok_s", Unit: MilliTokensPerSecond, Key: "decode_tok_s", V1: true},
+		buckets: gapBuckets,
+		labels:  byCold},
+	MetricDecodeRate: {Phase: Phase{Name: "decode_tok_s", Label: "decode", Unit: MilliTokensPerSecond, Key: "decode_tok_s", V1: true},
 		prom: "anvilproxy_decode_tokens_per_second", help: "Output tokens after the first divided by generation time, per request. Successful inference requests only.",
-		buckets: decodeBuckets, of: traceRate((*proxy.Trace).DecodeTokensPerSec),
-		labels: byRouteModel},
-	MetricPrefillRate: {Phase: Phase{Name: "effective_prefill_tok_s", Unit: MilliTokensPerSecond, Key: "effective_prefill_tok_s", V1: true},
+		buckets: decodeBuckets,
+		labels:  byRouteModel},
+	MetricPrefillRate: {Phase: Phase{Name: "effective_prefill_tok_s", Label: "effective prefill", Unit: MilliTokensPerSecond, Key: "effective_prefill_tok_s", V1: true},
 		prom: "anvilproxy_prefill_tokens_per_second", help: "Effective prefill rate: prompt tokens divided by time to first output (queueing included), per request. Successful inference requests only.",
-		buckets: prefillBuckets, of: traceRate((*proxy.Trace).EffectivePrefillTokensPerSec),
-		labels: byRouteModel},
+		buckets: prefillBuckets,
+		labels:  byRouteModel},
 	// The token counts have an HDR histogram each but no Prometheus
 	// histogram: their totals are counters (metrics.tokens).
-	MetricPromptTokens:     {Phase: Phase{Name: "prompt_tokens", Unit: Tokens, Key: "prompt_tokens", V1: true}, of: func(tr *proxy.Trace, _ Split) float64 { return countValue(tr.PromptTokens) }},
-	MetricCompletionTokens: {Phase: Phase{Name: "completion_tokens", Unit: Tokens, Key: "output_tokens", V1: true}, of: outputTokens},
+	MetricPromptTokens:     {Phase: Phase{Name: "prompt_tokens", Unit: Tokens, Key: "prompt_tokens", V1: true}},
+	MetricCompletionTokens: {Phase: Phase{Name: "completion_tokens", Unit: Tokens, Key: "output_tokens", V1: true}},
 	// The per-event metrics are recorded by ObserveGap and ObserveRelay, not
 	// from a Request: they have no Key and no definition.
 	MetricInterEvent: {Phase: Phase{Name: "inter_event", Unit: Microseconds},
@@ -97,6 +97,9 @@ type Phase struct {
 	// and label, the live table, `diff` (ShortName). Both are accepted on
 	// input (MetricByName).
 	Short string
+	// Label is the phase in words where a table shows it (`report`),
+	// when they are not ShortName's (LabelText).
+	Label string
 	Unit  Unit // of the HDR values
 	// Key is the per-request JSON name, the same in /requests (Request)
 	// and in the v1 request_timings; "" for the per-event metrics.
@@ -115,6 +118,14 @@ func (p Phase) ShortName() string {
 		return p.Short
 	}
 	return p.Name
+}
+
+// LabelText is p in a table's words: Label, or ShortName when it has none.
+func (p Phase) LabelText() string {
+	if p.Label != "" {
+		return p.Label
+	}
+	return p.ShortName()
 }
 
 // Alias is a further v1 stem of a phase, read from its own
@@ -138,28 +149,57 @@ const (
 // phaseRow is one row of the phase table.
 type phaseRow struct {
 	Phase
-	// of is the phase's definition: its raw value for a finished request,
-	// NaN when unknown. Raw is the value in the row's Unit family:
-	// nanoseconds for Microseconds rows (exact: an int64 duration below
-	// 2^53 ns, 104 days), tokens/s for rates, tokens for counts. It takes
-	// the split by value so that Record's split stays on the stack (the
-	// pointer arguments of an indirect call escape). nil for the per-event
-	// metrics.
-	of         func(tr *proxy.Trace, sp Split) float64
 	slo        bool   // may be an SLO's metric (goodput.go)
 	prom, help string // the Prometheus histogram's; "" for none
 	buckets    []float64
 	labels     labelKind
 }
 
-// The definitions' adapters from the Trace's (value, ok) methods
-// (proxy/phase.go) to raw values.
-func traceSpan(f func(*proxy.Trace) (time.Duration, bool)) func(*proxy.Trace, Split) float64 {
-	return func(tr *proxy.Trace, _ Split) float64 { return spanValue(f(tr)) }
-}
-
-func traceRate(f func(*proxy.Trace) (float64, bool)) func(*proxy.Trace, Split) float64 {
-	return func(tr *proxy.Trace, _ Split) float64 { return rateValue(f(tr)) }
+// of is the definition of the per-request metric m over the Trace
+// (proxy/phase.go) and the split: its raw value for a finished request,
+// NaN when unknown. Raw is the value in the row's Unit family: nanoseconds
+// for Microseconds rows (exact: an int64 duration below 2^53 ns, 104
+// days), tokens/s for rates, tokens for counts.
+//
+// A switch beside the table, not a func-valued column of it: the compiler
+// sees through a switch, but the arguments of an indirect call escape, so
+// a func column made every caller's Trace escape to the heap, 760 bytes
+// per Record when the caller kept it on the stack (TestRecordAllocs,
+// BENCHMARKS.md "Phase table").
+func (m Metric) of(tr *proxy.Trace, sp *Split) float64 {
+	switch m {
+	case MetricTTFO:
+		return spanValue(tr.TTFO())
+	case MetricTTFT:
+		return spanValue(tr.TTFT())
+	case MetricQueue:
+		return spanValue(sp.Queue, sp.OK)
+	case MetricPrefill:
+		return spanValue(sp.Prefill, sp.OK)
+	case MetricReasoning:
+		return spanValue(tr.Reasoning())
+	case MetricGeneration:
+		return spanValue(tr.Generation())
+	case MetricTPOT:
+		return spanValue(tr.TPOT())
+	case MetricE2E:
+		return spanValue(tr.E2E())
+	case MetricConnect:
+		return float64(tr.Connect)
+	case MetricDecodeRate:
+		return rateValue(tr.DecodeTokensPerSec())
+	case MetricPrefillRate:
+		return rateValue(tr.EffectivePrefillTokensPerSec())
+	case MetricPromptTokens:
+		if tr.PromptTokens >= 0 {
+			return float64(tr.PromptTokens)
+		}
+	case MetricCompletionTokens:
+		if n, src := tr.OutputTokens(); src != "" {
+			return float64(n)
+		}
+	}
+	return math.NaN()
 }
 
 func spanValue(d time.Duration, ok bool) float64 {
@@ -176,31 +216,14 @@ func rateValue(v float64, ok bool) float64 {
 	return v
 }
 
-func countValue(n int64) float64 {
-	if n < 0 {
-		return math.NaN()
-	}
-	return float64(n)
-}
-
-// outputTokens is the completion tokens, by usage or else by chunks
-// (proxy.Trace.OutputTokens); NaN when neither is known.
-func outputTokens(tr *proxy.Trace, _ Split) float64 {
-	n, src := tr.OutputTokens()
-	if src == "" {
-		return math.NaN()
-	}
-	return float64(n)
-}
-
 // phaseValues are one request's raw values of the per-request metrics
-// (phaseRow.of), indexed by Metric.
+// (Metric.of), indexed by Metric.
 type phaseValues [numRequestMetrics]float64
 
 // evalPhases evaluates every per-request row once. It does not allocate.
-func evalPhases(tr *proxy.Trace, sp Split) (v phaseValues) {
+func evalPhases(tr *proxy.Trace, sp *Split) (v phaseValues) {
 	for m := range v {
-		v[m] = phases[m].of(tr, sp)
+		v[m] = Metric(m).of(tr, sp)
 	}
 	return v
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -22,7 +23,6 @@ func TestPhaseTable(t *testing.T) {
 		perRequest := m < numRequestMetrics
 		require.Equal(t, perRequest, row.Key != "", "%s: per-request metrics have a Key, per-event ones none", row.Name)
 		require.Equal(t, row.labels == perEvent, !perRequest, "%s: per-event rows are unlabeled", row.Name)
-		require.Equal(t, perRequest, row.of != nil, "%s: per-request metrics have a definition, per-event ones none", row.Name)
 	}
 	// Set every Request field that a row reads to a distinct value, and read
 	// it back through the row.
@@ -104,4 +104,17 @@ func TestPhaseSlots(t *testing.T) {
 	require.False(t, rq.TTFT.Known())
 	require.Equal(t, Count(-1), rq.OutputTokens)
 	require.True(t, math.IsNaN(float64(rq.PrefillRate)))
+}
+
+// TestPhaseDefinitions: every per-request row has a definition (its case
+// of Metric.of) that knows a complete request's value, and the per-event
+// rows have none.
+func TestPhaseDefinitions(t *testing.T) {
+	tr := chat()
+	sp := Split{Queue: time.Millisecond, Prefill: 2 * time.Millisecond, Source: SourceModel, OK: true}
+	for m := range numRequestMetrics {
+		require.False(t, math.IsNaN(m.of(&tr, &sp)), "%s has no definition", m)
+	}
+	require.True(t, math.IsNaN(MetricInterEvent.of(&tr, &sp)))
+	require.Equal(t, float64(2*time.Millisecond), MetricPrefill.of(&tr, &sp))
 }

@@ -240,7 +240,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	var rq Request
 	rs := r.model.read()
 	sp, place := r.split(tr, rs)
-	v := evalPhases(tr, sp)
+	v := evalPhases(tr, &sp)
 	newRequest(&rq, tr, sp, &v)
 	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
 	set := r.prom.labeled(tr.Route, tr.Model)

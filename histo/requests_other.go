@@ -66,7 +66,7 @@ func conversationOf(res *prefix.Result) (ConvID, Count) {
 // recordOther puts a request that is not inference into the recent ring.
 func (r *Recorder) recordOther(tr *proxy.Trace) {
 	var rq Request
-	v := evalPhases(tr, noSplit)
+	v := evalPhases(tr, &noSplit)
 	newRequest(&rq, tr, noSplit, &v)
 	rq.Index = -1
 	rq.RetryAttempt = -1 // the retry tracker follows inference only

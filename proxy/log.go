@@ -32,9 +32,9 @@ func (p *Proxy) logTrace(tr *Trace) {
 		zap.String("model", tr.Model),
 		zap.Int("status", tr.Status),
 		zap.Bool("stream", tr.Stream),
-		phaseField("ttfo", tr.FirstOutput, tr),
-		phaseField("ttft", tr.FirstContent, tr),
-		phaseField("e2e", tr.End, tr),
+		phaseField(NameTTFO, tr.TTFO),
+		phaseField(NameTTFT, tr.TTFT),
+		phaseField(NameE2E, tr.E2E),
 		zap.Int("events", tr.Events),
 		zap.Int64("prompt_tokens", tr.PromptTokens),
 		zap.Int64("completion_tokens", tr.CompletionTokens),
@@ -46,10 +46,12 @@ func (p *Proxy) logTrace(tr *Trace) {
 	)
 }
 
-// phaseField logs the time from t_recv to t, or nothing when t never came.
-func phaseField(key string, t time.Time, tr *Trace) zap.Field {
-	if t.IsZero() {
+// phaseField logs a phase of proxy/phase.go, or nothing when it did not
+// happen.
+func phaseField(key string, phase func() (time.Duration, bool)) zap.Field {
+	d, ok := phase()
+	if !ok {
 		return zap.Skip()
 	}
-	return zap.Duration(key, t.Sub(tr.Recv))
+	return zap.Duration(key, d)
 }

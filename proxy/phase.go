@@ -6,6 +6,14 @@ import "time"
 // ok=false when a stamp it needs is missing, so that callers report null,
 // never 0, for a phase that did not happen.
 
+// The words of the phases the log line carries (logTrace), which
+// histo's phase table uses too: one place for each name.
+const (
+	NameTTFO = "ttfo"
+	NameTTFT = "ttft"
+	NameE2E  = "e2e"
+)
+
 func span(from, to time.Time) (time.Duration, bool) {
 	if from.IsZero() || to.IsZero() {
 		return 0, false

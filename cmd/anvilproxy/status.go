@@ -82,7 +82,8 @@ const liveWindow = 15 * time.Second
 // recentLimit is how many of the newest records the live table reads.
 const recentLimit = 512
 
-var livePhases = [...]string{"queue", "prefill", "ttfo", "ttft", "tpot"}
+// livePhases are the phase-table rows of the live table, in its order.
+var livePhases = [...]histo.Metric{histo.MetricQueue, histo.MetricPrefill, histo.MetricTTFO, histo.MetricTTFT, histo.MetricTPOT}
 
 // status reads the stack's figures now. Safe for concurrent use.
 func (st *stack) status(now time.Time) liveStatus {
@@ -132,9 +133,9 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 			continue
 		}
 		r.Requests++
-		for i, sp := range [...]histo.Span{rq.Queue, rq.Prefill, rq.TTFO, rq.TTFT, rq.TPOT} {
-			if sp.Known() {
-				vals[i] = append(vals[i], sp.Millis())
+		for i, m := range livePhases {
+			if v := m.Value(&rq); v == v {
+				vals[i] = append(vals[i], v)
 			}
 		}
 		if rq.PromptTokens > 0 && rq.CachedTokens >= 0 {
@@ -147,7 +148,7 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 		r.Rate = histo.Float(float64(r.Requests) / span.Seconds())
 	}
 	for i, v := range vals {
-		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i], P50: histo.Float(nearestRank(v, 50)), P99: histo.Float(nearestRank(v, 99))})
+		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i].Phase().ShortName(), P50: histo.Float(nearestRank(v, 50)), P99: histo.Float(nearestRank(v, 99))})
 	}
 	r.CacheHit = histo.Float(math.NaN())
 	if prompt > 0 {

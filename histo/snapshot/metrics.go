@@ -2,6 +2,8 @@ package snapshot
 
 import (
 	"fmt"
+
+	"github.com/anvilproxy/anvilproxy/histo"
 )
 
 // metrics is the benchmark's metrics object.
@@ -118,8 +120,9 @@ func putStats(out map[string]any, stem string, ms bool, s Stats) {
 	out[stem+"_samples"] = s.Samples
 }
 
-// p99Metrics are the stems of metric_population's p99 maps.
-var p99Metrics = [...]string{"decode_tok_s", "e2e", "effective_prefill_tok_s", "tpot", "ttft"}
+// p99Metrics are the metrics of metric_population's p99 maps, keyed by
+// their stems.
+var p99Metrics = [...]histo.Metric{histo.MetricDecodeRate, histo.MetricE2E, histo.MetricPrefillRate, histo.MetricTPOT, histo.MetricTTFT}
 
 // p99MinSamples is where a p99 stops being merely descriptive.
 const p99MinSamples = 100
@@ -137,7 +140,8 @@ func (pop *population) metricPopulation(doc *Document) Population {
 		SuccessfulRequests:           doc.Completed,
 	}
 	fewest := int64(-1)
-	for _, name := range p99Metrics {
+	for _, m := range p99Metrics {
+		name := m.Phase().Name
 		n := doc.Metrics[name+"_samples"].(int64)
 		mp.P99SamplesByMetric[name] = n
 		mp.P99InterpretationByMetric[name] = pop.p99Interpretation(n)

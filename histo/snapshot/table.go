@@ -36,15 +36,13 @@ func WriteTable(w io.Writer, doc *Document) error {
 	add := func(rows *[][]string, name string, s Stats) {
 		*rows = append(*rows, []string{name, fmt.Sprint(s.Samples), num(s.P50), num(s.P90), num(s.P99), num(s.Mean)})
 	}
-	add(&lat, "queue", ext.Distributions["queue_ms"])
-	add(&lat, "prefill", ext.Distributions["prefill_ms"])
-	add(&lat, "time to first output", metricStats(doc, "time_to_first_output", true))
-	add(&lat, "ttft", metricStats(doc, "ttft", true))
-	add(&lat, "tpot", metricStats(doc, "tpot", true))
-	add(&lat, "e2e", metricStats(doc, "e2e", true))
+	for _, m := range tableLatencies {
+		add(&lat, m.Phase().LabelText(), phaseStats(doc, ext, m))
+	}
 	rates := [][]string{{"rate", "n", "p50 tok/s", "p90 tok/s", "p99 tok/s", "mean tok/s"}}
-	add(&rates, "decode", metricStats(doc, "decode_tok_s", false))
-	add(&rates, "effective prefill", metricStats(doc, "effective_prefill_tok_s", false))
+	for _, m := range tableRates {
+		add(&rates, m.Phase().LabelText(), phaseStats(doc, ext, m))
+	}
 	writeTables(&b, lat, rates)
 
 	writeCache(&b, doc, ext)
@@ -152,6 +150,22 @@ func percentileSource(ext *Extension) string {
 }
 
 // metricStats reads a distribution back from the metrics object.
+// The phase-table rows the report's two tables show, in order.
+var (
+	tableLatencies = [...]histo.Metric{histo.MetricQueue, histo.MetricPrefill, histo.MetricTTFO, histo.MetricTTFT, histo.MetricTPOT, histo.MetricE2E}
+	tableRates     = [...]histo.Metric{histo.MetricDecodeRate, histo.MetricPrefillRate}
+)
+
+// phaseStats are m's statistics as the document holds them: in the v1
+// metrics object or in the extension's distributions (histo.Phase.V1).
+func phaseStats(doc *Document, ext *Extension, m histo.Metric) Stats {
+	ph := m.Phase()
+	if !ph.V1 {
+		return ext.Distributions[ph.Name+"_ms"]
+	}
+	return metricStats(doc, ph.Name, ph.Unit == histo.Microseconds)
+}
+
 func metricStats(doc *Document, stem string, ms bool) Stats {
 	unit := ""
 	if ms {
