@@ -23,28 +23,31 @@ const (
 )
 
 // Head learning parameters. A request is informative when its upstream
-// time to first output is at least headInformative. Its head came early
-// when within headNear of its arrival, late when within headNear of its
-// first output, and in between ("mid") when at least headFar from both: a
-// mid head is what only a slot-start engine sends (the request queued, the
-// head left, the prefill followed). A request that the occupancy split
-// found queued for at least headQueued but whose head came early argues
-// for a head at admission, and one whose head was delayed although the
-// proxy saw nothing ahead of it in the engine argues that the delay is not
-// a queue. The votes of the last headWindow informative requests decide;
-// slot_start needs headMinMid mid heads, headRatio times more of them
-// than both kinds of contrary votes, and an early head (a slot-start engine
-// sends one to every request that finds a free slot; an engine whose head
-// always follows some fixed work never does), so that a
-// few heads delayed by a descheduled reader on a loaded host never make an
-// admission-head engine (vLLM, where the head says nothing) look like one
-// whose head is the queue.
+// time to first output is at least headInformative. The occupancy split
+// is the referee: a request it found queued for at least headQueued
+// votes "agree" when its head came about that late (within headAgree or a
+// tenth of the queue: a slot-start head) and "admit" when its head came
+// in the first quarter of the queue (a head at admission). A request with
+// its head within headNear of its arrival that occupancy did not find
+// queued votes "early", one with its head within headNear of its first
+// output "late" (whatever the queue), and one whose head was delayed at least headFar although
+// nothing was ahead of it "idle" (the delay is not a queue). The votes of
+// the last headWindow informative requests decide: slot_start needs
+// headMinMid agreeing heads, headRatio times more of them than "admit" and
+// "idle" votes, and an early head (a slot-start engine sends one to every
+// request that finds a free slot; an engine whose head always follows
+// some fixed work never does). A head read late by a descheduled reader on
+// a loaded host does not agree with a queue it was not part of, so an
+// admission-head engine (vLLM, whose head says nothing) is never taken for
+// one whose head is the queue. Once slot_start is learned the head is used
+// for every request, those occupancy misreads included.
 const (
 	headWindow      = 256
 	headInformative = 20 * time.Millisecond
 	headNear        = 2 * time.Millisecond
 	headFar         = 5 * time.Millisecond
 	headQueued      = 50 * time.Millisecond
+	headAgree       = 25 * time.Millisecond
 	headMinMid      = 4
 	headRatio       = 4
 )
@@ -54,11 +57,11 @@ type headVote uint8
 
 const (
 	voteNone  headVote = iota
-	voteEarly          // head at arrival: admission or slot start on a free slot
+	voteEarly          // head at arrival, not queued: admission or slot start on a free slot
 	voteLate           // head with the first output
-	voteMid            // head between: a slot-start engine's queued request
-	voteAdmit          // queued (by occupancy) with the head at arrival: admission
-	voteIdle           // a mid head with nothing ahead: the delay is not a queue
+	voteAgree          // queued, the head as late as the queue: slot start
+	voteAdmit          // queued, the head early: admission
+	voteIdle           // the head delayed with nothing ahead: the delay is not a queue
 )
 
 // headLearner learns the engine's head mode from the last headWindow
@@ -93,16 +96,18 @@ func vote(tr *proxy.Trace, occQueue time.Duration, ahead int) headVote {
 		return voteNone
 	}
 	switch {
-	case head <= headNear && occQueue >= headQueued:
-		return voteAdmit
-	case head <= headNear:
-		return voteEarly
 	case first-head <= headNear:
 		return voteLate
+	case occQueue >= headQueued && (head-occQueue).Abs() <= max(headAgree, occQueue/10):
+		return voteAgree
+	case occQueue >= headQueued && head < occQueue/4:
+		return voteAdmit
+	case occQueue >= headQueued:
+		return voteNone
+	case head <= headNear:
+		return voteEarly
 	case head >= headFar && first-head >= headFar && ahead == 0:
 		return voteIdle
-	case head >= headFar && first-head >= headFar:
-		return voteMid
 	}
 	return voteNone
 }
@@ -127,13 +132,13 @@ func (h *headLearner) observe(tr *proxy.Trace, occQueue time.Duration, ahead int
 func (h *headLearner) modeLocked() string {
 	c := &h.counts
 	switch {
-	case c[voteMid] >= headMinMid && c[voteEarly] > 0 && c[voteMid] >= headRatio*(c[voteAdmit]+c[voteIdle]):
+	case c[voteAgree] >= headMinMid && c[voteEarly] > 0 && c[voteAgree] >= headRatio*(c[voteAdmit]+c[voteIdle]):
 		return HeadSlotStart
-	case c[voteAdmit] >= headMinMid:
+	case c[voteAdmit] >= headMinMid && c[voteAdmit] > c[voteAgree]:
 		return HeadAdmission
-	case c[voteLate] >= headMinMid && c[voteLate] > headRatio*(c[voteEarly]+c[voteMid]):
+	case c[voteLate] >= headMinMid && c[voteLate] > headRatio*(c[voteEarly]+c[voteAgree]):
 		return HeadFirstOutput
-	case c[voteEarly] >= headMinMid && c[voteEarly] > headRatio*c[voteLate]:
+	case c[voteEarly] >= headMinMid && c[voteEarly] > headRatio*c[voteLate] && c[voteAgree] == 0:
 		return HeadAdmission // or slot start on an engine that never queued: either way the head says queue 0
 	}
 	return HeadUnknown

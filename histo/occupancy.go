@@ -62,6 +62,14 @@ const (
 	prefillSlack = 1.5
 	slackTime    = 25 * time.Millisecond
 	tightGap     = 50 * time.Millisecond
+	// With a point estimate of its prefill (pointFits), a request waited
+	// for an end when the prefill from that end is within
+	// [pointLow, pointHigh] of it and the prefill from the predicted start
+	// at least pointApart times it, each ± pointSlack.
+	pointLow   = 0.7
+	pointHigh  = 1.3
+	pointApart = 1.5
+	pointSlack = 5 * time.Millisecond
 )
 
 // occEntry is one recorded request on the engine's timeline, in
@@ -93,6 +101,10 @@ type placement struct {
 	// queue from it may be a prefill, so the cost model does not learn
 	// from it.
 	unproven bool
+	// inferred is set when its queue end came from the cost model's
+	// estimate of its prefill rather than from the slot count: the cost
+	// model does not learn from it (its own estimate would come back).
+	inferred bool
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -154,14 +166,26 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	return e, e.end >= 0
 }
 
+// priors is what the split knows of a request before placing it.
+type priors struct {
+	est     time.Duration // its cold prefill estimate (an upper bound on its prefill), when haveEst
+	haveEst bool
+	// point, when positive, is what its prefill should take by the new
+	// tokens the evidence gives (reported cached, else the prefix reuse
+	// the proxy saw), and floor a lower bound on it (prefillPoint).
+	point, floor time.Duration
+	// abandoned, when positive, is how long the engine goes on
+	// prefilling it after its client left before the first output (the
+	// slot stays taken until then).
+	abandoned time.Duration
+	load      engineLoad // the engine's own counts at its arrival, when scraped
+}
+
 // place finds tr's queue from the requests ahead of it, learns from it,
-// and adds it to the timeline. est is tr's cold prefill estimate (ok
-// false when there is none); load is the engine's own running and waiting
-// counts at tr's arrival, when scraped; abandoned, when positive, is how
-// long the engine goes on prefilling tr after its client left before the
-// first output (the slot stays taken until then). warn is set when the
-// learned slot count began to disagree with the hint.
-func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool, load engineLoad, abandoned time.Duration) (p placement, warn bool) {
+// and adds it to the timeline. warn is set when the learned slot count
+// began to disagree with the hint.
+func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
+	est, haveEst, load, abandoned := pr.est, pr.haveEst, pr.load, pr.abandoned
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.set {
@@ -196,7 +220,8 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool, load
 	if hint == 0 {
 		hint = o.slots.effective()
 	}
-	j := waitedFor(e, ends[:c], n, max(hint, p.streams), est, haveEst)
+	j, byPoint := waitedFor(e, ends[:c], n, max(hint, p.streams), est, haveEst, pr.point)
+	p.inferred = byPoint
 	if p.tight = j >= 0; p.tight {
 		p.inEngine = n - j // it took the slot ends[j] freed: all of them were busy
 	}
@@ -218,10 +243,43 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool, load
 	// fewer than that ended before its first output, fewer were ahead
 	// than counted, and the latest end before it is the one it waited for.
 	if n >= s && c > 0 {
-		k := min(n-s, c-1)
-		p.queue = max(0, time.Duration(ends[k]-e.arrive))
+		floor := max(pr.floor, time.Duration(pointLow*float64(pr.point))-pointSlack)
+		k0 := min(n-s, c-1)
+		k := earliest(e, ends, k0, floor)
+		p.inferred = p.inferred || k != k0
+		if k >= 0 {
+			p.queue = max(0, time.Duration(ends[k]-e.arrive))
+		}
 	}
 	return p, warn
+}
+
+// earliest is the end e waited for, k by the slot count, unless that
+// leaves e less than floor of prefill: its prompt cannot be prefilled so
+// fast (the proxy saw no earlier request send the part that would have to
+// be cached), so it began earlier, beside requests the proxy never saw
+// produce output together (a long prefill overlaps a short answer's
+// decode): the latest earlier end that leaves it floor, or its arrival
+// (-1). When even its arrival leaves less than floor, the floor is wrong
+// (the engine had the prompt from elsewhere) and k stands.
+func earliest(e occEntry, ends []int64, k int, floor time.Duration) int {
+	f := int64(floor)
+	if floor <= 0 || e.first-ends[k] >= f || e.first-e.arrive < f {
+		return k
+	}
+	for k--; k >= 0 && e.first-ends[k] < f; k-- {
+	}
+	return k
+}
+
+// pointFits reports whether a prefill of gap fits the point estimate and
+// one of from does not: the request's new tokens are known (its prompt is
+// not a cache hit the proxy could not know of), so its prefill is close to
+// point, and it began at the end gap before its first output, not at the
+// start from before it that the slot count predicts.
+func pointFits(gap, from int64, point time.Duration) bool {
+	p, slack := float64(point), float64(pointSlack)
+	return float64(from) >= pointApart*p+slack && float64(gap) >= pointLow*p-slack && float64(gap) <= pointHigh*p+slack
 }
 
 // waitedFor is the index in ends (the ends of the requests ahead of e
@@ -236,19 +294,45 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool, load
 // it from above. A correct slot count never gives one: a request that
 // began at the end it should have may see the others ahead end during its
 // prefill, but it is judged from its predicted start, not from them.
-func waitedFor(e occEntry, ends []int64, n, slots int, est time.Duration, haveEst bool) int {
-	start := e.arrive
-	if k := n - slots; k >= 0 {
-		if k >= len(ends) {
-			return -1 // it began after its first output: fewer were ahead than counted
-		}
-		start = max(start, ends[k])
+func waitedFor(e occEntry, ends []int64, n, slots int, est time.Duration, haveEst bool, point time.Duration) (j int, byPoint bool) {
+	j = waitedForEnd(e, ends, n, slots, est, haveEst, point)
+	if j < 0 || point <= 0 {
+		return j, false
 	}
+	return j, pointFits(max(e.first-ends[j], 0), e.first-predictedStart(e, ends, n, slots), point)
+}
+
+// predictedStart is when e began with slots slots: at its arrival, or at
+// the (n−slots+1)-th end (ends ascending).
+func predictedStart(e occEntry, ends []int64, n, slots int) int64 {
+	if k := n - slots; k >= 0 && k < len(ends) {
+		return max(e.arrive, ends[k])
+	}
+	return e.arrive
+}
+
+// waitedForEnd is waitedFor's index.
+func waitedForEnd(e occEntry, ends []int64, n, slots int, est time.Duration, haveEst bool, point time.Duration) int {
+	if k := n - slots; k >= len(ends) {
+		return -1 // it began after its first output: fewer were ahead than counted
+	}
+	start := predictedStart(e, ends, n, slots)
 	j := len(ends) - 1
 	if j < 0 || ends[j] <= start {
 		return -1 // no end after its predicted start
 	}
-	wait, gap, from := ends[j]-start, max(e.first-ends[j], 0), e.first-start
+	from := e.first - start
+	if point > 0 {
+		// Its prefill is known: the end it waited for is the one its
+		// prefill fits, not necessarily the latest (others ahead of it may
+		// end during its prefill).
+		for i := j; i >= 0 && ends[i] > start && ends[i]-e.arrive >= int64(minWait); i-- {
+			if pointFits(max(e.first-ends[i], 0), from, point) {
+				return i
+			}
+		}
+	}
+	wait, gap := ends[j]-start, max(e.first-ends[j], 0)
 	if ends[j]-e.arrive < int64(minWait) {
 		return -1
 	}

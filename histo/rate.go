@@ -58,9 +58,10 @@ const (
 type rateSample struct{ n, pos, t float64 }
 
 // costFit is a learned cost model (t = t0 + a·n + b·n·pos, seconds) and
-// the slowest per-token time among the samples (n·slowest is the reference
-// a sample is judged by before the model is ready).
-type costFit struct{ t0, a, b, slowest float64 }
+// the slowest and fastest per-token times among the samples (n·slowest is
+// the reference a sample is judged by before the model is ready, n·fastest
+// the prefill floor's base).
+type costFit struct{ t0, a, b, slowest, fastest float64 }
 
 // cost is the prefill time of n new tokens after cached ones.
 func (f costFit) cost(n, cached float64) float64 { return f.t0 + f.a*n + f.b*n*(cached+n/2) }
@@ -235,9 +236,9 @@ func (m *rateModel) addLocked(x rateSample) {
 func (m *rateModel) refitLocked() {
 	m.sinceFit = 0
 	samples := m.ring[:m.n]
-	slowest := 0.0
+	slowest, fastest := 0.0, math.Inf(1)
 	for i, x := range samples {
-		slowest = max(slowest, x.t/x.n)
+		slowest, fastest = max(slowest, x.t/x.n), min(fastest, x.t/x.n)
 		m.keep[i] = true
 	}
 	f := m.fitKept(samples)
@@ -251,7 +252,7 @@ func (m *rateModel) refitLocked() {
 		m.keep[i] = math.Abs(x.t-f.cost(x.n, x.pos-x.n/2))/x.t <= cut
 	}
 	m.fit = m.fitKept(samples)
-	m.fit.slowest = slowest
+	m.fit.slowest, m.fit.fastest = slowest, fastest
 	m.ready = m.n >= modelMinSamples
 }
 
@@ -444,6 +445,40 @@ func estimate(tr *proxy.Trace, rs rates, ready bool) (time.Duration, bool) {
 		return 0, false
 	}
 	return seconds(n * rs.fit.slowest), true
+}
+
+// floorShare is the share of the evidence's prefill estimate that a
+// prefill is never below once the model is ready (a host under load only
+// makes prefill slower); floorEarly before, from the fastest sample: a
+// sample twice as fast as that is a cache hit the evidence did not know of
+// (hitFactor).
+const (
+	floorShare = 0.7
+	floorEarly = 1 / hitFactor
+)
+
+// prefillPoint is what tr's prefill should take by the evidence, and a
+// lower bound on it (floor); both 0 when there is none. The new tokens by
+// the evidence are its reported cached tokens, else the proxy's prefix
+// reuse: only a prompt whose prefix the proxy saw sent before can be
+// cached, unless it reached the engine another way. Without reported
+// cached tokens or a tracked prefix, the engine may have cached any of it:
+// no estimate. The model's time is the point and floorShare of it the
+// floor; before the model is ready, the fastest sample's per-token time
+// (a slow one may hold a queue misread as prefill) and floorEarly of it.
+func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration) {
+	if !rs.any || (tr.CachedTokens < 0 && !tr.Prefix.Tracked) {
+		return 0, 0
+	}
+	n, cached, ok := promptParts(tr, true)
+	if !ok || n < modelMinTokens {
+		return 0, 0
+	}
+	if rs.ready {
+		t := rs.fit.cost(n, cached)
+		return seconds(t), seconds(floorShare * t)
+	}
+	return seconds(n * rs.fit.fastest), seconds(floorEarly * n * rs.fit.fastest)
 }
 
 // abandonedPrefill is how long the engine goes on prefilling tr after its

@@ -270,10 +270,10 @@ func learnable(tr *proxy.Trace, sp Split, place placement) (time.Duration, bool)
 	case SourceServer, SourceServerPrefill, SourceHeaders, SourceLimiter:
 		return sp.Prefill, sp.OK
 	case SourceOccupancy:
-		// Not from a split that rests on an unproven hint, unless the
-		// request began at once all the same: nothing was ahead, or it
-		// ran beside all that were.
-		return sp.Prefill, sp.OK && (place.ahead == 0 || place.streams > place.ahead || !place.unproven)
+		// Not from a split that rests on the model's own estimate, nor
+		// on an unproven hint unless the request began at once all the
+		// same: nothing was ahead, or it ran beside all that were.
+		return sp.Prefill, sp.OK && !place.inferred && (place.ahead == 0 || place.streams > place.ahead || !place.unproven)
 	case SourceModel, SourceNone:
 		ttfo, ok := tr.TTFO()
 		if ok && !place.ok && tr.InflightAtAdmit == 0 {

@@ -138,9 +138,11 @@ func modelSplit(tr *proxy.Trace, rs rates) Split {
 // source, so that the requests after it see it), learns the head mode from
 // it, and returns where it stood.
 func (r *Recorder) split(tr *proxy.Trace, rs rates) (Split, placement) {
-	est, haveEst := estimate(tr, rs, false)
-	load := r.loadAt(tr)
-	p, warn := r.occ.place(tr, est, haveEst, load, r.abandonedPrefill(tr, rs))
+	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr)}
+	pr.point, pr.floor = prefillPoint(tr, rs)
+	pr.est, pr.haveEst = estimate(tr, rs, false)
+	load := pr.load
+	p, warn := r.occ.place(tr, pr)
 	if warn {
 		r.warnSlots()
 	}
