@@ -101,9 +101,9 @@ type placement struct {
 	// queue from it may be a prefill, so the cost model does not learn
 	// from it.
 	unproven bool
-	// inferred is set when its queue end came from the cost model's
-	// estimate of its prefill rather than from the slot count: the cost
-	// model does not learn from it (its own estimate would come back).
+	// inferred is set when the end it waited for was chosen by the cost
+	// model's estimate of its prefill (waitedFor): the cost model does not
+	// learn from it (its own estimate would come back).
 	inferred bool
 }
 
@@ -244,9 +244,12 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// than counted, and the latest end before it is the one it waited for.
 	if n >= s && c > 0 {
 		floor := max(pr.floor, time.Duration(pointLow*float64(pr.point))-pointSlack)
-		k0 := min(n-s, c-1)
-		k := earliest(e, ends, k0, floor)
-		p.inferred = p.inferred || k != k0
+		k := earliest(e, ends, min(n-s, c-1), floor)
+		// Moved earlier by the floor, the prefill it leaves is the
+		// measured time from that end: the cost model may learn from it
+		// (before the model is ready the floor rests on the fastest
+		// sample, which a slow one never moves; after, the fit leaves
+		// outliers out).
 		if k >= 0 {
 			p.queue = max(0, time.Duration(ends[k]-e.arrive))
 		}

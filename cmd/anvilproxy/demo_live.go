@@ -133,8 +133,8 @@ func (s liveStatus) block(clockText string) []string {
 		p50 += fmt.Sprintf("%10s", msText(float64(ph.P50)))
 		p99 += fmt.Sprintf("%10s", msText(float64(ph.P99)))
 	}
-	foot := fmt.Sprintf("  cache hit %s of prompt tokens   goodput %s since start (%s)   retry amplification %s",
-		pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), sloText(s.SLOs), ampl(float64(s.Amplification)))
+	foot := fmt.Sprintf("  cache hit %s of prompt tokens, inferred %s   goodput %s since start (%s)   retry amplification %s",
+		pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Recent.CacheHitInferred)), pctText(float64(s.Goodput)), sloText(s.SLOs), ampl(float64(s.Amplification)))
 	return []string{head, cols, p50, p99, foot}
 }
 
@@ -145,7 +145,8 @@ func (s liveStatus) line(clockText string) string {
 	for _, ph := range s.Recent.Phases {
 		fmt.Fprintf(&b, "  %s %s/%s", ph.Name, msText(float64(ph.P50)), msText(float64(ph.P99)))
 	}
-	fmt.Fprintf(&b, " | cache %s  goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
+	fmt.Fprintf(&b, " | cache %s (inferred %s)  goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Recent.CacheHitInferred)),
+		pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
 	return b.String()
 }
 

@@ -66,7 +66,7 @@ func TestTopAgainstARunningProxy(t *testing.T) {
 	require.Regexp(t, `^  last \d+s +queue   prefill      ttfo      ttft      tpot$`, lines[1])
 	require.Regexp(t, `^  p50 ms  `, lines[2])
 	require.Regexp(t, `^  p99 ms  `, lines[3])
-	require.Regexp(t, `^  cache hit \S+ of prompt tokens   goodput 100\.0% since start \(no SLO: requests that did not fail\)   retry amplification 3\.00x$`, lines[4])
+	require.Regexp(t, `^  cache hit \S+ of prompt tokens, inferred \S+   goodput 100\.0% since start \(no SLO: requests that did not fail\)   retry amplification 3\.00x$`, lines[4])
 	require.Regexp(t, `^  upstream  ready: upstream reachable \S+ ago  \(http://127\.0\.0\.1:\d+\)$`, lines[5])
 
 	// host:port works as well as a URL; --count prints that many lines.
