@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -83,6 +84,7 @@ type result struct {
 	admitted   time.Time // slot acquired; zero until then
 	firstToken time.Time // end of prefill; zero until then
 	lastToken  time.Time // the latest output event went out; zero until then
+	head       time.Time // the response head left; zero until then
 	released   time.Time // the slot was let go; zero until then
 
 	reasoning strings.Builder
@@ -92,6 +94,9 @@ type result struct {
 // output receives a request's events as the engine produces them. An error
 // means the client is gone and ends the generation.
 type output interface {
+	// head sends the response head if it has not left yet, stamping
+	// res.head; a non-stream response's head leaves with its body instead.
+	head(res *result)
 	start(res *result) error
 	token(res *result, d delta) error
 	// end writes what follows the last output event: a stream's closing
@@ -102,14 +107,48 @@ type output interface {
 // unaryOutput is the output of a non-stream request: the text is collected
 // in the result and the whole body written at the end.
 type unaryOutput struct {
-	w http.ResponseWriter
-	p protocol
+	w   http.ResponseWriter
+	p   protocol
+	j   *job
+	tgi bool // Config.TGIHeaders
 }
 
+func (unaryOutput) head(*result)               {}
 func (unaryOutput) start(*result) error        { return nil }
 func (unaryOutput) token(*result, delta) error { return nil }
 func (o unaryOutput) end(res *result) error {
+	res.head = time.Now()
+	if o.tgi {
+		setTGIHeaders(o.w.Header(), o.j, res, res.head)
+	}
 	return writeJSON(o.w, http.StatusOK, o.p.body(res))
+}
+
+// setTGIHeaders sets text-generation-inference's timing headers on a
+// response written at now, as its router does for /generate (whole
+// milliseconds; router/src/server.rs): validation is arrival to enqueue,
+// queue enqueue to slot start, inference slot start to now.
+func setTGIHeaders(h http.Header, j *job, res *result, now time.Time) {
+	total, inference := now.Sub(j.arrived), now.Sub(res.admitted)
+	validation := max(0, total-res.queue-inference)
+	perToken := time.Duration(0)
+	if res.completionTokens > 0 {
+		perToken = inference / time.Duration(res.completionTokens)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"x-total-time", total.Milliseconds()},
+		{"x-validation-time", validation.Milliseconds()},
+		{"x-queue-time", res.queue.Milliseconds()},
+		{"x-inference-time", inference.Milliseconds()},
+		{"x-time-per-token", perToken.Milliseconds()},
+		{"x-prompt-tokens", int64(res.promptTokens)},
+		{"x-generated-tokens", int64(res.completionTokens)},
+	} {
+		h.Set(f.name, strconv.FormatInt(f.v, 10))
+	}
 }
 
 // run takes an enqueued request through queue, prefill, decode and its
@@ -122,6 +161,9 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 
+	if s.cfg.Head == HeadAdmission {
+		out.head(res)
+	}
 	if err := s.wait(ctx, t); err != nil {
 		return res, s.abort(j, res, PhaseQueue)
 	}
@@ -139,6 +181,9 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	admitted := time.Now()
 	res.admitted, res.slot = admitted, t.slot
 	res.queue = admitted.Sub(j.arrived)
+	if s.cfg.Head == HeadSlotStart {
+		out.head(res)
+	}
 
 	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
 	s.mu.Lock()

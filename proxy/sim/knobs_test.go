@@ -145,6 +145,7 @@ func TestNewValidation(t *testing.T) {
 		{Engine: 7},
 		{Cache: 9},
 		{Release: -1},
+		{Head: 4},
 		{NaturalLengths: []int{}},
 		{NaturalLengths: []int{300, 0}},
 	} {
@@ -154,7 +155,7 @@ func TestNewValidation(t *testing.T) {
 	s, err := New(Config{})
 	require.NoError(t, err)
 	require.Equal(t, Config{
-		Model: DefaultModel, Cache: CacheShared, Release: ReleaseLastToken, Slots: 4, MaxQueue: 64, PrefillTokensPerSec: 7700,
+		Model: DefaultModel, Cache: CacheShared, Release: ReleaseLastToken, Head: HeadAdmission, Timings: TimingNone, Slots: 4, MaxQueue: 64, PrefillTokensPerSec: 7700,
 		DecodeTokensPerSec: 235, TokensPerEvent: 5, BytesPerToken: 4, DefaultMaxTokens: 256,
 		ReasoningShare: 0.5, CacheBlockTokens: 16, CacheBlocks: 1 << 16,
 		NaturalLengths: ReferenceLengths, KeepAliveTimeout: 5 * time.Second,

@@ -14,6 +14,7 @@ import (
 //	Cache     shared blocks      per slot          per slot
 //	Release   last token         stream end        stream end
 //	Head      admission          slot start        first output
+//	Head      admission          slot start        first output
 //	Timings   none               llamacpp          none
 //	cached    reported           reported          never reported
 type Engine int
@@ -126,21 +127,54 @@ func (m *ReleaseMode) UnmarshalText(b []byte) error {
 	return releaseNames.parse("release mode", b, m)
 }
 
+// HeadMode is when a stream's response head (status and headers) leaves.
+// A non-stream response's head always leaves with its body.
+type HeadMode int
+
+const (
+	// HeadAuto is the Engine's choice.
+	HeadAuto HeadMode = iota
+	// HeadAdmission sends the head as soon as the request is enqueued,
+	// before any queueing or prefill, as vLLM's StreamingResponse does: the
+	// head says nothing about the engine's queue.
+	HeadAdmission
+	// HeadSlotStart sends the head when a slot starts the prompt, as
+	// llama.cpp does: head − sent is the queue, first output − head the
+	// prefill (and any work before it).
+	HeadSlotStart
+	// HeadFirstOutput sends the head with the first output event, as
+	// ollama does: the head carries no queue information.
+	HeadFirstOutput
+)
+
+var headNames = enumText[HeadMode]{"auto", "admission", "slot-start", "first-output"}
+
+// String returns "auto", "admission", "slot-start" or "first-output".
+func (m HeadMode) String() string { return headNames.text(m) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (m HeadMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler (flag.TextVar).
+func (m *HeadMode) UnmarshalText(b []byte) error { return headNames.parse("head mode", b, m) }
+
 // persona is the set of defaults an Engine brings.
 type persona struct {
 	cache      CacheMode
 	release    ReleaseMode
+	head       HeadMode
+	timings    TimingMode
 	hideCached bool
 }
 
 func (e Engine) persona() persona {
 	switch e {
 	case EngineLlamaCpp:
-		return persona{cache: CacheSlot, release: ReleaseStreamEnd}
+		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadSlotStart, timings: TimingLlamaCpp}
 	case EngineOllama:
-		return persona{cache: CacheSlot, release: ReleaseStreamEnd, hideCached: true}
+		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadFirstOutput, timings: TimingNone, hideCached: true}
 	}
-	return persona{cache: CacheShared, release: ReleaseLastToken}
+	return persona{cache: CacheShared, release: ReleaseLastToken, head: HeadAdmission, timings: TimingNone}
 }
 
 // applyPersona fills the knobs left at their zero value from c.Engine.
@@ -148,8 +182,9 @@ func applyPersona(c *Config) error {
 	if !engineNames.valid(c.Engine) {
 		return fmt.Errorf("sim: unknown Engine %d", int(c.Engine))
 	}
-	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) {
-		return fmt.Errorf("sim: unknown Cache %d or Release %d", int(c.Cache), int(c.Release))
+	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) || !headNames.valid(c.Head) || !timingNames.valid(c.Timings) {
+		return fmt.Errorf("sim: unknown Cache %d, Release %d, Head %d or Timings %d",
+			int(c.Cache), int(c.Release), int(c.Head), int(c.Timings))
 	}
 	p := c.Engine.persona()
 	if c.Cache == CacheAuto {
@@ -157,6 +192,12 @@ func applyPersona(c *Config) error {
 	}
 	if c.Release == ReleaseAuto {
 		c.Release = p.release
+	}
+	if c.Head == HeadAuto {
+		c.Head = p.head
+	}
+	if c.Timings == TimingAuto {
+		c.Timings = p.timings
 	}
 	c.UnreportedCache = c.UnreportedCache || p.hideCached
 	return nil

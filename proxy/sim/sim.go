@@ -40,6 +40,20 @@
 //	         decode step (the end-of-sequence token, never sent), then a
 //	         chunk of its own carries the finish reason and the slot is let go
 //
+// A stream's response head leaves (Config.Head) as soon as the request is
+// enqueued (vLLM), when a slot starts its prompt (llama.cpp: head − sent is
+// the queue) or with the first output (ollama); its first event (role
+// chunk, message_start, response.created) comes at the end of prefill, just
+// before the first output event, which carries tokens. A whole response's
+// head leaves with its body; with Config.TGIHeaders it carries TGI's
+// x-queue-time, x-inference-time … headers.
+//
+// Per-request timing (Config.Timings): vLLM's "metrics" object, or
+// llama.cpp's "timings" (prompt_n, prompt_ms, predicted_n, predicted_ms,
+// predicted_per_token_ms, cache_n) on the final chunk — the usage chunk
+// when one is asked for — and the whole body; usage's
+// prompt_tokens_details.cached_tokens is then cache_n.
+//
 // A client that goes away is noticed through the request context, which
 // net/http cancels when the connection closes even while the handler sleeps
 // (as vLLM notices a disconnect during prefill): the request leaves the queue
@@ -191,9 +205,20 @@ type Config struct {
 	// ReasoningShare is the share of completion tokens that are reasoning
 	// when reasoning is on (rounded down). 0 means 0.5.
 	ReasoningShare float64
-	// Timings selects the per-request timing report. The zero value is
-	// TimingNone.
+	// Timings selects the per-request timing report. The zero value is the
+	// Engine's: none for vLLM and ollama, llama.cpp's timings object for
+	// EngineLlamaCpp.
 	Timings TimingMode
+	// Head is when a stream's response head leaves: on admission (vLLM),
+	// when the slot starts the prompt (llama.cpp) or with the first output
+	// (ollama). The zero value is the Engine's.
+	Head HeadMode
+	// TGIHeaders adds text-generation-inference's timing headers to every
+	// non-stream response: x-total-time, x-validation-time, x-queue-time,
+	// x-inference-time (slot start to the end), x-time-per-token, in whole
+	// milliseconds, and x-prompt-tokens, x-generated-tokens
+	// (huggingface/text-generation-inference router/src/server.rs).
+	TGIHeaders bool
 	// CacheBlockTokens is the prefix cache granularity. 0 means 16.
 	CacheBlockTokens int
 	// CacheBlocks is the prefix cache capacity in blocks, evicted least
@@ -235,8 +260,11 @@ type Config struct {
 type TimingMode int
 
 const (
+	// TimingAuto is the Engine's choice: llamacpp for EngineLlamaCpp, none
+	// for the others.
+	TimingAuto TimingMode = iota
 	// TimingNone reports no timing.
-	TimingNone TimingMode = iota
+	TimingNone
 	// TimingVLLM adds vLLM's per-request "metrics" object
 	// (--enable-per-request-metrics) to the usage chunk, the non-stream
 	// body and the completed Responses object.
@@ -246,30 +274,17 @@ const (
 	TimingLlamaCpp
 )
 
-var timingNames = [...]string{"none", "vllm", "llamacpp"}
+var timingNames = enumText[TimingMode]{"auto", "none", "vllm", "llamacpp"}
 
-// String returns "none", "vllm" or "llamacpp".
-func (m TimingMode) String() string {
-	if m < 0 || int(m) >= len(timingNames) {
-		return fmt.Sprintf("TimingMode(%d)", int(m))
-	}
-	return timingNames[m]
-}
+// String returns "auto", "none", "vllm" or "llamacpp".
+func (m TimingMode) String() string { return timingNames.text(m) }
 
 // MarshalText implements encoding.TextMarshaler.
 func (m TimingMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
 
 // UnmarshalText implements encoding.TextUnmarshaler, so a TimingMode can be
 // a flag.TextVar.
-func (m *TimingMode) UnmarshalText(b []byte) error {
-	for i, name := range timingNames {
-		if string(b) == name {
-			*m = TimingMode(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("sim: unknown timing mode %q (want none, vllm or llamacpp)", b)
-}
+func (m *TimingMode) UnmarshalText(b []byte) error { return timingNames.parse("timing mode", b, m) }
 
 // Server is a simulated inference server. It is an http.Handler, safe for
 // concurrent use; it starts no goroutines of its own, so every request is
@@ -360,9 +375,6 @@ func withDefaults(c Config) (Config, error) {
 	}
 	if err := applyPersona(&c); err != nil {
 		return c, err
-	}
-	if c.Timings < TimingNone || c.Timings > TimingLlamaCpp {
-		return c, fmt.Errorf("sim: unknown Timings %d", int(c.Timings))
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel

@@ -9,8 +9,12 @@ import "time"
 type Truth struct {
 	ID string // the key: X-Request-Id, or the generated id (the response id without its prefix)
 
-	Arrived    time.Time // the handler started, before reading the body: the request reached the engine
-	Admitted   time.Time // a slot was acquired (the slot starts the prompt); zero if the request never got one
+	Arrived  time.Time // the handler started, before reading the body: the request reached the engine
+	Admitted time.Time // a slot was acquired (the slot starts the prompt); zero if the request never got one
+	// Head is when the response head left: for a stream on admission,
+	// at slot start or with the first output (Config.Head); for a whole
+	// response with its body. Zero if it never left.
+	Head       time.Time
 	FirstToken time.Time // prefill ended and the first token was due; zero if never
 	LastToken  time.Time // the last output event went out; zero if none did
 	// Released is when the slot was let go: with the last token
@@ -94,6 +98,7 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 		Admitted:         res.admitted,
 		FirstToken:       res.firstToken,
 		LastToken:        res.lastToken,
+		Head:             res.head,
 		Released:         res.released,
 		Finished:         res.released,
 		Slot:             res.slot,
