@@ -79,7 +79,8 @@ type occEntry struct {
 	admit    int64 // passed the proxy's limiter (t_admit)
 	arrive   int64 // its upstream connection was ready (t_admit + connect): its place in the engine's queue
 	first    int64 // its first output (-1: none): it held a slot from then on
-	end      int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
+	end      int64 // the engine let its slot go (t_end, else t_last_token, else t_client_done)
+	last     int64 // its last output (t_last_token, else end): it produced output until then
 	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
 }
 
@@ -162,6 +163,13 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	}
 	if e.release < 0 {
 		e.release = e.end
+	}
+	// Streams side by side are judged by their output (sweep): a stream's
+	// end stamp is later than its last token by the final chunk, and by
+	// the proxy's reader when it was descheduled there, which would make
+	// a slot handed over look like two.
+	if e.last = o.rel(tr.LastToken); e.last < 0 || e.last > e.end {
+		e.last = e.end
 	}
 	return e, e.end >= 0
 }
@@ -417,7 +425,7 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 	if e.release < 0 {
 		e.release = o.rel(tr.End)
 	}
-	e.arrive, e.end = e.admit, e.release
+	e.arrive, e.end, e.last = e.admit, e.release, e.release
 	o.push(e)
 }
 
@@ -475,8 +483,8 @@ func (o *occupancy) at(i int) *occEntry { return &o.ring[(o.next-1-i+occRing)%oc
 
 // overlap collects x for sweep when it produced output while e did.
 func (o *occupancy) overlap(x, e *occEntry) {
-	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.end && x.end > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
-		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.end
+	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.last && x.last > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
+		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.last
 		o.nRuns++
 	}
 }

@@ -51,6 +51,7 @@ const (
 	minSpread     = 0.02
 	outlierFactor = 3.0
 	minResidual   = 0.1
+	contextGain   = 0.7
 )
 
 // rateSample is one learned prefill: new tokens, the mean position they
@@ -257,13 +258,20 @@ func (m *rateModel) refitLocked() {
 }
 
 // fitKept fits the samples marked in m.keep: the richest feature set whose
-// features are not collinear and whose coefficients are not negative, and
-// at least the median per-token time. The caller holds m.mu.
+// features are not collinear and whose coefficients are not negative, else
+// the median per-token time. The context term must earn its place: a fit
+// with it is taken only when it leaves at most contextGain of the
+// residual without it, so that noise among turns of one conversation
+// (whose context only grows) is not extrapolated into a context cost that
+// makes the next, longer turn look slow. The caller holds m.mu.
 func (m *rateModel) fitKept(samples []rateSample) costFit {
-	for _, set := range [...][3]bool{{true, true, true}, {true, true, false}, {false, true, true}} {
-		if c, ok := m.leastSquares(samples, set); ok {
-			return costFit{t0: c[0], a: c[1], b: c[2]}
-		}
+	c3, ok3 := m.leastSquares(samples, [3]bool{true, true, true})
+	c2, ok2 := m.leastSquares(samples, [3]bool{true, true, false})
+	switch {
+	case ok3 && (!ok2 || m.residual(samples, c3) <= contextGain*m.residual(samples, c2)):
+		return costFit{t0: c3[0], a: c3[1], b: c3[2]}
+	case ok2:
+		return costFit{t0: c2[0], a: c2[1]}
 	}
 	per := m.scratch[:0]
 	for i, x := range samples {
@@ -272,7 +280,25 @@ func (m *rateModel) fitKept(samples []rateSample) costFit {
 		}
 	}
 	insertionSortFloat(per)
-	return costFit{a: median(per)}
+	med := costFit{a: median(per)}
+	if c, ok := m.leastSquares(samples, [3]bool{false, true, true}); ok && m.residual(samples, c) <= contextGain*m.residual(samples, [3]float64{0, med.a, 0}) {
+		return costFit{a: c[1], b: c[2]}
+	}
+	return med
+}
+
+// residual is the weighted squared residual of the kept samples under c
+// (the weights of leastSquares).
+func (m *rateModel) residual(samples []rateSample, c [3]float64) float64 {
+	f := costFit{t0: c[0], a: c[1], b: c[2]}
+	sum := 0.0
+	for i, x := range samples {
+		if m.keep[i] {
+			d := x.t - f.cost(x.n, x.pos-x.n/2)
+			sum += d * d / x.t
+		}
+	}
+	return sum
 }
 
 // leastSquares fits t = c0 + c1·n + c2·n·pos over the kept samples with
