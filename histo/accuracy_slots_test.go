@@ -1,6 +1,7 @@
 package histo_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -165,5 +166,67 @@ func TestQueueAccuracySlots(t *testing.T) {
 			}
 		}
 		require.GreaterOrEqual(t, float64(all.within), 0.95*float64(all.total), "%s: %d of %d within the bar", kind, all.within, all.total)
+	}
+}
+
+// TestAbandonedPrefillAccuracy: a client leaves during its prefill of a
+// long prompt; the engine (ollama: the whole prompt; llama.cpp: the
+// 2,048-token batch it is on) prefills on before it frees the slot. The
+// request queued behind it waited for that: its queue is within the bar of
+// the engine's truth, not read as a prefill of the whole wait (−16.2 s on
+// ollama in one case).
+func TestAbandonedPrefillAccuracy(t *testing.T) {
+	skipInaccurate(t)
+	for _, engine := range []sim.Engine{sim.EngineOllama, sim.EngineLlamaCpp} {
+		t.Run(engine.String(), func(t *testing.T) {
+			c := slotCase{engine: engine, slots: 1}
+			s, err := sim.New(slotEngine(c))
+			require.NoError(t, err)
+			hs := httptest.NewServer(s)
+			defer hs.Close()
+			st := newStack(t, hs.URL, proxy.Config{}, histo.Config{})
+			acc := &accStack{stack: st, sim: s}
+			for i := range 8 { // the first minute's cold prompts, 500 to 6,100 tokens: the cost model is ready
+				id := fmt.Sprintf("warm-%d", i)
+				sendNatural(t, st.base, burstReq{id: id, body: msgsBody(coldPrompt(id, 500+800*i), 4096), maxTokens: 2})
+			}
+			_, n, ready := acc.rec.PrefillRate()
+			require.True(t, ready, "%d samples", n)
+			// 6,000 tokens: 300 ms of prefill and more (the context). Its client leaves once the
+			// next request is queued behind it.
+			ctx, cancel := context.WithCancel(context.Background())
+			before := enqueued(s)
+			gone := make(chan struct{})
+			go func() {
+				defer close(gone)
+				req, err := http.NewRequestWithContext(ctx, "POST", st.base+"/v1/chat/completions",
+					strings.NewReader(msgsBody(coldPrompt("abandoned", 6000), 4096)))
+				if err != nil {
+					return
+				}
+				req.Header.Set("X-Request-Id", "abandoned")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			waitEnqueued(t, s, before)
+			next := burstReq{id: "next", body: msgsBody(coldPrompt("next-one", 1000), 4096), maxTokens: 9}
+			done := make(chan struct{})
+			go func() { defer close(done); sendNatural(t, st.base, next) }()
+			waitEnqueued(t, s, before+1)
+			time.Sleep(50 * time.Millisecond) // in its prefill
+			cancel()
+			<-gone
+			<-done
+			truth, ok := s.Truth("next")
+			require.True(t, ok)
+			rq := acc.record(t, next.maxTokens)
+			got := time.Duration(rq.Queue)
+			t.Logf("next: queue %v (%s), truth %v; prefill %v, truth %v", got.Round(100*time.Microsecond), rq.QueueSource,
+				truth.Queue.Round(100*time.Microsecond), time.Duration(rq.Prefill).Round(100*time.Microsecond), truth.Prefill.Round(100*time.Microsecond))
+			require.Greater(t, truth.Queue, 100*time.Millisecond, "the engine prefilled on after the client left")
+			require.LessOrEqual(t, (got - truth.Queue).Abs(), queueTolerance(truth.Queue))
+		})
 	}
 }

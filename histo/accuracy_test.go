@@ -66,7 +66,7 @@ func msgsBody(msgs []map[string]string, maxTokens int) string {
 // coldPrompt is a ~tokens-token prompt that shares no cache block with any
 // other key: the key comes first.
 func coldPrompt(key string, tokens int) []map[string]string {
-	text := key + " " + strings.Repeat("lorem ipsum ", tokens*4/12)
+	text := key + " " + strings.Repeat("lorem ipsum ", tokens*4/12+1)
 	return []map[string]string{{"role": "user", "content": text[:tokens*4]}}
 }
 

@@ -16,8 +16,8 @@ type QueueSource string
 // "Sources, best first".
 const (
 	SourceServer        QueueSource = "server"         // the engine reported its queue time
-	SourceServerPrefill QueueSource = "server_prefill" // the engine reported its prefill time: queue is the rest of TTFO
 	SourceHeaders       QueueSource = "headers"        // the engine sends its response head at slot start (learned): head − arrival
+	SourceServerPrefill QueueSource = "server_prefill" // the engine reported its prefill time: queue is the rest of TTFO
 	SourceLimiter       QueueSource = "limiter"        // the proxy's limiter held the request; the engine queue is ~0
 	SourceEngineLoad    QueueSource = "engine_load"    // the engine's /metrics had requests waiting the proxy could not see: TTFO − cold prefill estimate
 	SourceOccupancy     QueueSource = "occupancy"      // from the engine's slots as the proxy saw them fill and free
@@ -26,7 +26,7 @@ const (
 )
 
 // sources lists the sources in a fixed order, for arrays indexed by source.
-var sources = [...]QueueSource{SourceServer, SourceServerPrefill, SourceHeaders, SourceLimiter, SourceEngineLoad,
+var sources = [...]QueueSource{SourceServer, SourceHeaders, SourceServerPrefill, SourceLimiter, SourceEngineLoad,
 	SourceOccupancy, SourceModel, SourceNone}
 
 // QueueSources returns every queue source, best first.
@@ -89,16 +89,23 @@ func evidenceSplit(tr *proxy.Trace, headSlotStart bool) (Split, bool) {
 		return Split{Queue: pq + tr.ServerQueue, Prefill: max(0, base-tr.ServerQueue), Source: SourceServer, OK: true}, true
 	case !ok:
 		return noSplit, true
-	case tr.ServerPrefill >= 0:
+	}
+	if headSlotStart {
+		// The head left when the slot started: before it was queue, after
+		// it the engine's work for this request (llama.cpp's prompt-cache
+		// restore on a slot switch, then the prefill). It beats the
+		// engine's prompt_ms, whose rest of the time to first output would
+		// count that restore as queue.
+		if head, _, have := headTimes(tr); have {
+			return engineSplit(tr, head, SourceHeaders), true
+		}
+	}
+	if tr.ServerPrefill >= 0 {
 		// llama.cpp's timings.prompt_ms: the engine's own prefill; what
 		// else of the upstream time to first output was waiting (the
 		// first token is sampled from the prompt's last batch: no decode
 		// step to take off).
 		return engineSplit(tr, base-tr.ServerPrefill, SourceServerPrefill), true
-	case headSlotStart:
-		if head, _, have := headTimes(tr); have {
-			return engineSplit(tr, head, SourceHeaders), true
-		}
 	}
 	if tr.Limited {
 		return Split{Queue: pq, Prefill: max(0, base), Source: SourceLimiter, OK: true}, true
