@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -208,14 +209,15 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// this one: they are ahead, and still there.
 	n := m + max(0, tr.InflightAtAdmit-mAdmit)
 	ends := o.ends[:m]
-	insertionSort(ends) // a handful, found newest first: nearly sorted descending
 	if !complete || e.first < 0 {
 		if complete && abandoned > 0 {
+			sortEnds(ends)
 			e.end = max(e.end, o.abandonedEnd(e, ends, n, abandoned))
 		}
 		o.push(e)
 		return placement{ahead: m}, false
 	}
+	sortEnds(ends)
 	defer o.push(e)
 	c := 0
 	for c < m && ends[c] < e.first+int64(endTolerance) {
@@ -519,6 +521,14 @@ func (r *Recorder) Slots() SlotsSection {
 	r.occ.mu.Unlock()
 	s.ResponseHead = r.head.current()
 	return s
+}
+
+// sortEnds sorts the ends of the requests ahead ascending. They were found
+// newest first, so nearly descending: reversed first, insertion sort is
+// then nearly linear.
+func sortEnds(ends []int64) {
+	slices.Reverse(ends)
+	insertionSort(ends)
 }
 
 // insertionSort sorts a few values ascending without the overhead of a

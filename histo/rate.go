@@ -33,15 +33,18 @@ import (
 // model predicts is a cache hit the engine did not report and the proxy
 // did not know of, and is left out; but modelMinSamples left out in a row
 // that agree within hitFactor are the engine's cost, not hits, and replace
-// the samples (rateModel.refuse). The fit is redone every refitEvery
-// samples once ready (every sample before): a fit costs a few
-// microseconds, a sample a few nanoseconds.
+// the samples (rateModel.refuse). The fit is redone with every sample
+// before the model is ready, then every refitEvery samples, every
+// refitFull once the window is full (half of it new): a fit costs a few
+// microseconds, a sample a few nanoseconds, and Record learns from most
+// requests.
 const (
 	modelSamples    = 64
 	modelMinSamples = 8
 	modelMinTokens  = 64
 	hitFactor       = 2.0
 	refitEvery      = 8
+	refitFull       = 32
 	// A fit's feature set is used only when its features are not nearly
 	// collinear (the determinant of their correlation matrix at least
 	// minSpread: about 15% spread in new tokens for t0 against a), and
@@ -217,7 +220,11 @@ func (m *rateModel) add(x rateSample) {
 	defer m.mu.Unlock()
 	m.runN = 0 // a sample learned ends a run of refused ones
 	m.addLocked(x)
-	if m.sinceFit++; !m.ready || m.sinceFit >= refitEvery {
+	every := refitEvery
+	if m.n == modelSamples {
+		every = refitFull
+	}
+	if m.sinceFit++; !m.ready || m.sinceFit >= every {
 		m.refitLocked()
 	}
 }
@@ -249,10 +256,15 @@ func (m *rateModel) refitLocked() {
 	}
 	insertionSortFloat(res)
 	cut := max(outlierFactor*median(res), minResidual)
+	dropped := false
 	for i, x := range samples {
 		m.keep[i] = math.Abs(x.t-f.cost(x.n, x.pos-x.n/2))/x.t <= cut
+		dropped = dropped || !m.keep[i]
 	}
-	m.fit = m.fitKept(samples)
+	if dropped {
+		f = m.fitKept(samples)
+	}
+	m.fit = f
 	m.fit.slowest, m.fit.fastest = slowest, fastest
 	m.ready = m.n >= modelMinSamples
 }
