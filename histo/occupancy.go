@@ -67,10 +67,14 @@ const (
 	// for an end when the prefill from that end is within
 	// [pointLow, pointHigh] of it and the prefill from the predicted start
 	// at least pointApart times it, each ± pointSlack.
-	pointLow   = 0.7
+	// pointLow is wide: before the cost model is ready the point is the
+	// fastest sample's per-token time, which a short prompt's fixed cost
+	// inflates. The prefill floor is pointFloor of the point (earliest).
+	pointLow   = 0.5
 	pointHigh  = 1.3
 	pointApart = 1.5
 	pointSlack = 5 * time.Millisecond
+	pointFloor = 0.6
 )
 
 // occEntry is one recorded request on the engine's timeline, in
@@ -239,7 +243,8 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
 	}
 	s := o.slots.effective()
-	if p.tight && p.inEngine < s && o.slots.state == SlotsHint {
+	waited := p.tight && p.inEngine < s && o.slots.state == SlotsHint
+	if waited {
 		// It waited for an end earlier slots than the hint allows would
 		// not have made it wait for: its own evidence against the hint,
 		// before the hint is set aside. A learned count is never lowered
@@ -253,7 +258,10 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// fewer than that ended before its first output, fewer were ahead
 	// than counted, and the latest end before it is the one it waited for.
 	if n >= s && c > 0 {
-		floor := max(pr.floor, time.Duration(pointLow*float64(pr.point))-pointSlack)
+		floor := max(pr.floor, time.Duration(pointFloor*float64(pr.point))-pointSlack)
+		if waited {
+			floor = 0 // the end it waited for was chosen by its prefill already
+		}
 		k := earliest(e, ends, min(n-s, c-1), floor)
 		// Moved earlier by the floor, the prefill it leaves is the
 		// measured time from that end: the cost model may learn from it
