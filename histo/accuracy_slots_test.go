@@ -230,3 +230,46 @@ func TestAbandonedPrefillAccuracy(t *testing.T) {
 		})
 	}
 }
+
+// TestHeadSlotStartAccuracy: llama.cpp sends its response head when a slot
+// starts the prompt. After a few bursts the proxy has learned it from the
+// traffic, and splits by the head: the 15 ms prompt-cache restore of a
+// slot switch is no longer read as queue (as the engine's prompt_ms alone
+// reads it), and every request of the last burst is within the bar.
+func TestHeadSlotStartAccuracy(t *testing.T) {
+	skipInaccurate(t)
+	c := slotCase{engine: sim.EngineLlamaCpp, slots: 2}
+	s, err := sim.New(slotEngine(c))
+	require.NoError(t, err)
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	st := newStack(t, hs.URL, proxy.Config{}, histo.Config{})
+	acc := &accStack{stack: st, sim: s}
+	var last []burstReq
+	for b := range 3 {
+		last = naturalBurst(fmt.Sprintf("burst%d", b), 6, 5+20*b)
+		before := enqueued(s)
+		var wg sync.WaitGroup
+		for i, r := range last {
+			wg.Add(1)
+			go func() { defer wg.Done(); sendNatural(t, st.base, r) }()
+			waitEnqueued(t, s, before+int64(i))
+		}
+		wg.Wait()
+	}
+	require.Equal(t, histo.HeadSlotStart, acc.rec.Slots().ResponseHead, "%+v", acc.rec.Slots())
+	var worst time.Duration
+	for _, r := range last {
+		truth, ok := s.Truth(r.id)
+		require.True(t, ok)
+		rq := acc.record(t, r.maxTokens)
+		require.Equal(t, histo.SourceHeaders, rq.QueueSource, r.id)
+		diff := (time.Duration(rq.Queue) - truth.Queue).Abs()
+		worst = max(worst, diff)
+		t.Logf("%s: queue %v, truth %v; prefill %v, truth %v + %v before it", r.id, time.Duration(rq.Queue).Round(100*time.Microsecond),
+			truth.Queue.Round(100*time.Microsecond), time.Duration(rq.Prefill).Round(100*time.Microsecond), truth.Prefill.Round(100*time.Microsecond),
+			truth.PrePrefill.Round(100*time.Microsecond))
+		require.LessOrEqual(t, diff, queueTolerance(truth.Queue), "%s: queue %v, truth %v", r.id, time.Duration(rq.Queue), truth.Queue)
+	}
+	t.Logf("last burst by the head: worst error %v", worst.Round(100*time.Microsecond))
+}
