@@ -213,7 +213,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 // anvilproxy_requests_total only.
 func inference(rt proxy.Route) bool {
 	switch rt {
-	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages:
+	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion:
 		return true
 	}
 	return false

@@ -142,7 +142,7 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 // route; the others (models, other, …) have no phases.
 func inferenceRoute(route string) bool {
 	switch route {
-	case "chat", "completions", "responses", "messages":
+	case "chat", "completions", "responses", "messages", "llama_completion":
 		return true
 	}
 	return false
