@@ -88,6 +88,11 @@ type placement struct {
 	// engine in the other order), so it only ever argues against a hint.
 	streams, inEngine int
 	tight             bool // its first output came right after another's end
+	// unproven is set when the slot count in use is a hint the evidence
+	// has not reached yet (more than the most streams seen at once): a
+	// queue from it may be a prefill, so the cost model does not learn
+	// from it.
+	unproven bool
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -124,18 +129,21 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	if tr.Sent.IsZero() || tr.Admit.IsZero() {
 		return occEntry{}, false // it never reached the engine
 	}
-	// The engine lets a slot go with the last token; the end of the
-	// stream ([DONE], usage) is written after, and a successor's first
-	// token can beat it to the proxy.
+	// The engine lets a slot go when the stream ends: ollama frees it one
+	// decode step after the last content token, with the final chunk
+	// (155–240 ms under host load, docs/queue-split.md), so t_end, not
+	// t_last_token, is the end a successor waited for. An engine that
+	// freed it at the last token is off by the usage and [DONE] writes:
+	// microseconds.
 	// The queue order is taken from t_admit + connect, not t_sent:
 	// t_sent is stamped after the write returns, so a reader descheduled
 	// there stamps it late although the engine already has the request
 	// (a later request then looks ahead of it); a stamp taken before the
 	// write can only be late if the write is late too.
 	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(tr.Admit.Add(tr.Connect)), first: o.rel(tr.FirstOutput),
-		end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
+		end: o.rel(tr.End), release: o.rel(tr.ClientDone)}
 	if e.end < 0 {
-		e.end = o.rel(tr.End)
+		e.end = o.rel(tr.LastToken)
 	}
 	if e.end < 0 {
 		e.end = e.release
@@ -148,9 +156,12 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 
 // place finds tr's queue from the requests ahead of it, learns from it,
 // and adds it to the timeline. est is tr's cold prefill estimate (ok
-// false when there is none). warn is set when the learned slot count
-// began to disagree with the hint.
-func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p placement, warn bool) {
+// false when there is none); load is the engine's own running and waiting
+// counts at tr's arrival, when scraped; abandoned, when positive, is how
+// long the engine goes on prefilling tr after its client left before the
+// first output (the slot stays taken until then). warn is set when the
+// learned slot count began to disagree with the hint.
+func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool, load engineLoad, abandoned time.Duration) (p placement, warn bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.set {
@@ -160,46 +171,117 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	if !onTimeline {
 		return placement{}, false
 	}
-	defer o.push(e)
 	m, mAdmit, complete := o.scan(e)
-	if !complete || e.first < 0 {
-		return placement{ahead: m}, false
-	}
 	// Requests in flight at admission that are not recorded yet end after
 	// this one: they are ahead, and still there.
 	n := m + max(0, tr.InflightAtAdmit-mAdmit)
 	ends := o.ends[:m]
 	insertionSort(ends) // a handful, found newest first: nearly sorted descending
+	if !complete || e.first < 0 {
+		if complete && abandoned > 0 {
+			e.end = max(e.end, o.abandonedEnd(e, ends, n, abandoned))
+		}
+		o.push(e)
+		return placement{ahead: m}, false
+	}
+	defer o.push(e)
 	c := 0
 	for c < m && ends[c] < e.first+int64(endTolerance) {
 		c++
 	}
-	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: o.sweep(e)}
-	if c > 0 {
-		p.tight = tight(ends[c-1]-e.arrive, e.first-ends[c-1], e.first-e.arrive, est, haveEst)
+	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: max(o.sweep(e), load.running)}
+	// The evidence is judged against the hint when there is one (it is
+	// what may be wrong), else against the count in use.
+	hint := o.slots.hint
+	if hint == 0 {
+		hint = o.slots.effective()
+	}
+	j := waitedFor(e, ends[:c], n, max(hint, p.streams), est, haveEst)
+	if p.tight = j >= 0; p.tight {
+		p.inEngine = n - j // it took the slot ends[j] freed: all of them were busy
 	}
 	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
 		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
 	}
 	s := o.slots.effective()
 	if p.tight && p.inEngine < s && o.slots.state == SlotsHint {
-		// It waited for the c-th end with fewer in the engine than the
-		// hint allows: its own evidence against the hint, before the hint
-		// is set aside. A learned count is never lowered so: it is what
-		// ran at once.
+		// It waited for an end earlier slots than the hint allows would
+		// not have made it wait for: its own evidence against the hint,
+		// before the hint is set aside. A learned count is never lowered
+		// so: it is what ran at once.
 		s = max(p.inEngine, o.slots.learned())
 	}
 	s = max(s, p.streams) // it ran beside streams−1 others: the engine has at least that many slots
+	p.unproven = s > max(o.slots.learned(), p.streams)
 
 	// With s slots it began when the (n−s+1)-th request ahead ended; if
 	// fewer than that ended before its first output, fewer were ahead
 	// than counted, and the latest end before it is the one it waited for.
 	if n >= s && c > 0 {
 		k := min(n-s, c-1)
-		start := tr.Admit.Add(tr.Connect)
-		p.queue = max(0, time.Duration(ends[k]-o.rel(start)))
+		p.queue = max(0, time.Duration(ends[k]-e.arrive))
 	}
 	return p, warn
+}
+
+// waitedFor is the index in ends (the ends of the requests ahead of e
+// before its first output, ascending; n ahead in all) of an end that e
+// waited for although with slots slots it would have begun earlier, or -1.
+// With slots slots e began at its arrival (n < slots) or at the
+// (n−slots+1)-th end; if its first output came longer after that than its
+// prefill can take, and right after a later end (within what its prefill
+// can take, having been in the engine at least minWait before it), it
+// took the slot that later end freed: the engine has fewer slots. Cache
+// hits only make prefill shorter, so an estimate from the cold rate bounds
+// it from above. A correct slot count never gives one: a request that
+// began at the end it should have may see the others ahead end during its
+// prefill, but it is judged from its predicted start, not from them.
+func waitedFor(e occEntry, ends []int64, n, slots int, est time.Duration, haveEst bool) int {
+	start := e.arrive
+	if k := n - slots; k >= 0 {
+		if k >= len(ends) {
+			return -1 // it began after its first output: fewer were ahead than counted
+		}
+		start = max(start, ends[k])
+	}
+	j := len(ends) - 1
+	if j < 0 || ends[j] <= start {
+		return -1 // no end after its predicted start
+	}
+	wait, gap, from := ends[j]-start, max(e.first-ends[j], 0), e.first-start
+	if ends[j]-e.arrive < int64(minWait) {
+		return -1
+	}
+	if haveEst {
+		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
+		if from > bound && gap <= bound {
+			return j
+		}
+		return -1
+	}
+	if gap <= int64(tightGap) && 4*gap <= wait {
+		return j
+	}
+	return -1
+}
+
+// abandonedEnd is when the engine let the slot of e go, a request whose
+// client left before its first output (end, the proxy's end of it, is
+// then early): prefill time after the moment it began, when it had begun
+// before the client left. A request still queued then left the queue. The
+// caller holds o.mu.
+func (o *occupancy) abandonedEnd(e occEntry, ends []int64, n int, prefill time.Duration) int64 {
+	start := e.arrive
+	if k := n - o.slots.effective(); k >= 0 {
+		if k >= len(ends) {
+			return e.end // the end it waited for came after it left: it never began
+		}
+		start = max(start, ends[k])
+	}
+	if start >= e.end {
+		return e.end
+	}
+	return start + int64(prefill)
 }
 
 // sweep is the most requests seen producing output at one instant of e's
@@ -230,23 +312,6 @@ func (o *occupancy) sweep(e occEntry) int {
 		best = max(best, running)
 	}
 	return best + 1
-}
-
-// tight reports whether a request waited for an end: it would have been
-// in the engine for wait before it, and its first output came gap after
-// it, free (its whole arrival-to-first-output time) being more than its
-// prefill can take. Cache hits only make prefill shorter, so an estimate
-// from the cold rate bounds it from above.
-func tight(wait, gap, free int64, est time.Duration, haveEst bool) bool {
-	if wait < int64(minWait) {
-		return false
-	}
-	gap = max(gap, 0)
-	if haveEst {
-		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
-		return free > bound && gap <= bound
-	}
-	return gap <= int64(tightGap) && 4*gap <= wait
 }
 
 // passing puts a request of a route without generation (/v1/models …) on
@@ -355,8 +420,10 @@ func (o *occupancy) push(e occEntry) {
 // was reached. Safe for concurrent use.
 func (r *Recorder) Slots() SlotsSection {
 	r.occ.mu.Lock()
-	defer r.occ.mu.Unlock()
-	return r.occ.slots.section()
+	s := r.occ.slots.section()
+	r.occ.mu.Unlock()
+	s.ResponseHead = r.head.current()
+	return s
 }
 
 // insertionSort sorts a few values ascending without the overhead of a

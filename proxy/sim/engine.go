@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"time"
 )
@@ -34,6 +35,7 @@ type job struct {
 	created   int64 // Unix seconds, as in "created"
 	arrived   time.Time
 	bodyHash  uint64
+	hashes    []uint64 // the prompt's prefix-cache block hashes
 	knobs     knobs
 	// hideCached: the usage reports no cached tokens (Config.UnreportedCache
 	// or X-Sim-Report-Cached: false); the cache still cuts prefill.
@@ -77,9 +79,11 @@ type result struct {
 	prefill time.Duration // slot to first token
 	decode  time.Duration // first token to latest token
 
+	slot       int       // the slot held; -1 until admitted
 	admitted   time.Time // slot acquired; zero until then
 	firstToken time.Time // end of prefill; zero until then
-	finished   time.Time // the slot was let go; zero until then
+	lastToken  time.Time // the latest output event went out; zero until then
+	released   time.Time // the slot was let go; zero until then
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -90,88 +94,30 @@ type result struct {
 type output interface {
 	start(res *result) error
 	token(res *result, d delta) error
+	// end writes what follows the last output event: a stream's closing
+	// events, or the whole non-stream response.
+	end(res *result) error
 }
 
-// discard is the output of a non-stream request: the text is collected in
-// the result and rendered at the end.
-type discard struct{}
-
-func (discard) start(*result) error        { return nil }
-func (discard) token(*result, delta) error { return nil }
-
-// ticket is a request's place in admission: granted a slot at once, or
-// waiting in the FIFO queue until release hands one over.
-type ticket struct {
-	ready   chan struct{} // nil when granted at enqueue; closed on hand-over
-	granted bool          // guarded by Server.mu
+// unaryOutput is the output of a non-stream request: the text is collected
+// in the result and the whole body written at the end.
+type unaryOutput struct {
+	w http.ResponseWriter
+	p protocol
 }
 
-// enqueue admits a request to a slot or the queue; false means the queue is
-// full and the request must be answered 429.
-func (s *Server) enqueue() (*ticket, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.active < s.cfg.Slots && len(s.queue) == 0 {
-		s.active++
-		return &ticket{granted: true}, true
-	}
-	if len(s.queue) >= s.cfg.MaxQueue {
-		return nil, false
-	}
-	t := &ticket{ready: make(chan struct{})}
-	s.queue = append(s.queue, t)
-	return t, true
+func (unaryOutput) start(*result) error        { return nil }
+func (unaryOutput) token(*result, delta) error { return nil }
+func (o unaryOutput) end(res *result) error {
+	return writeJSON(o.w, http.StatusOK, o.p.body(res))
 }
 
-// wait blocks until t holds a slot. If ctx ends first, t leaves the queue
-// (or gives back a slot handed over in the meantime) and wait returns the
-// context's error.
-func (s *Server) wait(ctx context.Context, t *ticket) error {
-	if t.ready == nil {
-		return nil
-	}
-	select {
-	case <-t.ready:
-		return nil
-	case <-ctx.Done():
-	}
-	s.mu.Lock()
-	if t.granted {
-		s.mu.Unlock()
-		s.release()
-		return ctx.Err()
-	}
-	for i, q := range s.queue {
-		if q == t {
-			s.queue = append(s.queue[:i], s.queue[i+1:]...)
-			break
-		}
-	}
-	s.mu.Unlock()
-	return ctx.Err()
-}
-
-// release frees a slot, handing it to the head of the queue if any.
-func (s *Server) release() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.queue) == 0 {
-		s.active--
-		return
-	}
-	t := s.queue[0]
-	s.queue[0] = nil
-	s.queue = s.queue[1:]
-	t.granted = true
-	close(t.ready)
-}
-
-// run takes an admitted request through queue, prefill and decode, sending
-// its events to out. It returns errClientGone after recording an abort,
-// errInjected when X-Sim-Fail-After-Events cut it short, or errTruncated
-// when the stream is to end cleanly without its final events.
+// run takes an enqueued request through queue, prefill, decode and its
+// end, sending its events to out. It returns errClientGone after recording
+// an abort, errInjected when X-Sim-Fail-After-Events cut it short, or
+// errTruncated when the stream is to end cleanly without its final events.
 func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*result, error) {
-	res := &result{}
+	res := &result{slot: -1}
 	defer s.account(res)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -179,20 +125,24 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	if err := s.wait(ctx, t); err != nil {
 		return res, s.abort(j, res, PhaseQueue)
 	}
-	defer func() {
-		// Stamped before the slot is let go, so a successor is never
-		// admitted before its predecessor finished.
-		res.finished = time.Now()
-		s.release()
-	}()
+	held := true
+	letGo := func() {
+		if held {
+			held = false
+			// Stamped before the slot is let go, so a successor is never
+			// admitted before its predecessor finished.
+			res.released = time.Now()
+			s.release(t.slot)
+		}
+	}
+	defer letGo()
 	admitted := time.Now()
-	res.admitted = admitted
+	res.admitted, res.slot = admitted, t.slot
 	res.queue = admitted.Sub(j.arrived)
 
-	hashes := s.cache.hashes(j.prompt)
 	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
 	s.mu.Lock()
-	res.cachedTokens = s.cache.match(hashes, res.promptTokens)
+	res.cachedTokens = s.reuse(t.slot, j.hashes, res.promptTokens)
 	s.stats.PromptTokens += int64(res.promptTokens)
 	s.stats.CachedTokens += int64(res.cachedTokens)
 	s.mu.Unlock()
@@ -202,10 +152,16 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 		prefill = prefillOverhead + perRate(res.promptTokens-res.cachedTokens, s.cfg.PrefillTokensPerSec)
 	}
 	if err := sleepUntil(ctx, timer, admitted.Add(prefill)); err != nil {
+		if s.cfg.Cache == CacheSlot {
+			s.mu.Lock()
+			// The slot's old prompt is overwritten from the match on.
+			s.keep(t.slot, j.hashes[:res.cachedTokens/s.cfg.CacheBlockTokens])
+			s.mu.Unlock()
+		}
 		return res, s.abort(j, res, PhasePrefill)
 	}
 	s.mu.Lock()
-	s.cache.insert(hashes)
+	s.keep(t.slot, j.hashes)
 	s.mu.Unlock()
 	start := time.Now()
 	res.firstToken = start
@@ -214,7 +170,38 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	if err := out.start(res); err != nil {
 		return res, s.abort(j, res, PhaseDecode)
 	}
-	return res, s.decode(ctx, timer, j, res, out, start)
+	if err := s.decode(ctx, timer, j, res, out, start); err != nil {
+		return res, err
+	}
+	if s.cfg.Release == ReleaseStreamEnd {
+		// The end-of-sequence token takes a decode step of its own; then
+		// the final chunk goes out and only then is the slot let go.
+		if !j.limited {
+			if err := sleepUntil(ctx, timer, res.lastToken.Add(s.step(j))); err != nil {
+				return res, s.abort(j, res, PhaseDecode)
+			}
+		}
+		err := out.end(res)
+		letGo()
+		if err != nil {
+			return res, s.abort(j, res, PhaseDecode)
+		}
+		return res, nil
+	}
+	letGo()
+	if err := out.end(res); err != nil {
+		return res, s.abort(j, res, PhaseDecode)
+	}
+	return res, nil
+}
+
+// step is the time of one decode step of j: one token at the decode rate,
+// or X-Sim-Event-Gap.
+func (s *Server) step(j *job) time.Duration {
+	if j.knobs.eventGap >= 0 {
+		return j.knobs.eventGap
+	}
+	return perRate(1, s.cfg.DecodeTokensPerSec)
 }
 
 // decode emits the completion as planned events, each due at a time
@@ -241,7 +228,8 @@ func (s *Server) decode(ctx context.Context, timer *time.Timer, j *job, res *res
 		}
 		d := delta{reasoning: reasoning, text: p.text(n), tokens: n, last: p.done()}
 		res.add(d)
-		res.decode = time.Since(start)
+		res.lastToken = time.Now()
+		res.decode = res.lastToken.Sub(start)
 		if err := out.token(res, d); err != nil {
 			return s.abort(j, res, PhaseDecode)
 		}

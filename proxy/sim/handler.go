@@ -64,7 +64,8 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		s.reject(w, p, status, msg)
 		return
 	}
-	t, ok := s.enqueue()
+	j.hashes = s.cache.hashes(j.prompt)
+	t, ok := s.enqueue(j.hashes)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
 			fmt.Sprintf("sim: queue full: %d requests wait for %d slots", s.cfg.MaxQueue, s.cfg.Slots))
@@ -73,11 +74,9 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 
 	// A stream's headers go out on admission, before queue and prefill, as
 	// from vLLM's StreamingResponse; the first event follows prefill.
-	var out output = discard{}
-	var e *eventWriter
+	var out output = unaryOutput{w: w, p: p}
 	if j.stream {
-		e = startStream(w)
-		out = streamOutput{p: p, e: e}
+		out = streamOutput{p: p, e: startStream(w)}
 	}
 	res, err := s.run(r.Context(), t, j, out)
 	switch {
@@ -94,23 +93,12 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		// it stops a generation for repetition.
 		s.record(j, res, OutcomeTruncated)
 		s.count(&s.stats.Truncated)
-		return
 	case err != nil:
 		s.record(j, res, OutcomeAborted)
-		return
+	default:
+		s.record(j, res, OutcomeCompleted)
+		s.count(&s.stats.Completed)
 	}
-	if j.stream {
-		err = p.close(e, res)
-	} else {
-		err = writeJSON(w, http.StatusOK, p.body(res))
-	}
-	if err != nil {
-		s.abort(j, res, PhaseDecode)
-		s.record(j, res, OutcomeAborted)
-		return
-	}
-	s.record(j, res, OutcomeCompleted)
-	s.count(&s.stats.Completed)
 }
 
 // reject answers an error status with p's error body.
@@ -205,3 +193,4 @@ type streamOutput struct {
 
 func (o streamOutput) start(res *result) error          { return o.p.open(o.e, res) }
 func (o streamOutput) token(res *result, d delta) error { return o.p.delta(o.e, res, d) }
+func (o streamOutput) end(res *result) error            { return o.p.close(o.e, res) }

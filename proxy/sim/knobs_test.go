@@ -142,6 +142,9 @@ func TestNewValidation(t *testing.T) {
 		{ReasoningShare: 1.5},
 		{FailRate: 2},
 		{Timings: 9},
+		{Engine: 7},
+		{Cache: 9},
+		{Release: -1},
 		{NaturalLengths: []int{}},
 		{NaturalLengths: []int{300, 0}},
 	} {
@@ -151,7 +154,7 @@ func TestNewValidation(t *testing.T) {
 	s, err := New(Config{})
 	require.NoError(t, err)
 	require.Equal(t, Config{
-		Model: DefaultModel, Slots: 4, MaxQueue: 64, PrefillTokensPerSec: 7700,
+		Model: DefaultModel, Cache: CacheShared, Release: ReleaseLastToken, Slots: 4, MaxQueue: 64, PrefillTokensPerSec: 7700,
 		DecodeTokensPerSec: 235, TokensPerEvent: 5, BytesPerToken: 4, DefaultMaxTokens: 256,
 		ReasoningShare: 0.5, CacheBlockTokens: 16, CacheBlocks: 1 << 16,
 		NaturalLengths: ReferenceLengths, KeepAliveTimeout: 5 * time.Second,

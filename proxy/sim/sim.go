@@ -17,19 +17,28 @@
 // share). No text is ever generated from the prompt: output is
 // deterministic filler words, one word per token.
 //
+// Engine personas (Config.Engine; persona.go): the zero value behaves as
+// vLLM; EngineLlamaCpp and EngineOllama behave as llama.cpp's llama-server
+// and ollama where their scheduling and reporting differ (measured against
+// both, /work/shared/research/real-engines.md "Where a request's time goes
+// inside the engine"). Each difference is a knob of its own, which the
+// persona only defaults.
+//
 // Timing model, per request:
 //
-//	queue    waits FIFO until one of Config.Slots is free
+//	queue    waits FIFO until one of Config.Slots is free; with per-slot
+//	         caches (Config.Cache, llama.cpp and ollama) it takes the free
+//	         slot whose last prompt shares the longest prefix with its own
 //	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms
 //	decode   the first token comes out at the end of prefill; after it, the
 //	         event that ends at completion token i is due i−1 tokens later at
 //	         DecodeTokensPerSec, scheduled from the decode start so that timing
 //	         never drifts; so (completion_tokens−1)/generation time is the rate
-//
-// A stream's response headers go out as soon as the request is admitted to a
-// slot or the queue; its first event (role chunk, message_start,
-// response.created) comes at the end of prefill, just before the first
-// output event, which carries tokens.
+//	release  vLLM frees the slot with the last token, which carries the
+//	         finish reason; llama.cpp and ollama (Config.Release) at the
+//	         stream's end: an answer that stops by itself takes one more
+//	         decode step (the end-of-sequence token, never sent), then a
+//	         chunk of its own carries the finish reason and the slot is let go
 //
 // A client that goes away is noticed through the request context, which
 // net/http cancels when the connection closes even while the handler sleeps
@@ -71,7 +80,8 @@
 // drops the connection mid-body.
 //
 // The engine records the truth of every request it admitted — its true
-// queue wait, prefill time and the cached tokens it used — for in-process
+// queue wait, the slot it held, prefill time, the cached tokens it used,
+// its last token and the instant its slot was let go — for in-process
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
 //
@@ -133,6 +143,20 @@ type Config struct {
 	// Model is the served model name, reported in every response whatever
 	// the request asked for. "" means DefaultModel.
 	Model string
+	// Engine is the real engine the simulator behaves like; it sets the
+	// defaults of Cache, Release and UnreportedCache (persona.go). The zero
+	// value is EngineVLLM, the calibrated default.
+	Engine Engine
+	// Cache is where reusable prompt prefixes live and so how a slot is
+	// chosen: shared blocks (vLLM) or each slot's own prompt, with the free
+	// slot of the longest prefix match chosen (llama.cpp, ollama). The
+	// zero value is the Engine's.
+	Cache CacheMode
+	// Release is when a finished request lets its slot go: with its last
+	// token (vLLM) or at the stream's end, one decode step later for an
+	// answer that stopped by itself (llama.cpp, ollama). The zero value is
+	// the Engine's.
+	Release ReleaseMode
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -257,8 +281,10 @@ type Server struct {
 	aborts chan AbortEvent
 
 	mu       sync.Mutex // guards the fields below
-	active   int
-	queue    []*ticket
+	active   int        // busy slots
+	slots    []slot     // Config.Slots of them
+	grants   uint64     // slots granted so far, for LRU order
+	queue    []*ticket  // FIFO, head first
 	cache    *prefixCache
 	attempts map[uint64]int
 	fail     *rand.Rand
@@ -282,6 +308,7 @@ func New(cfg Config) (*Server, error) {
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		trunc:    rand.New(rand.NewPCG(uint64(cfg.Seed), 0x7256)),
 		truths:   newTruths(),
+		slots:    make([]slot, cfg.Slots),
 	}
 	s.mux = s.routes()
 	return s, nil
@@ -330,6 +357,9 @@ func withDefaults(c Config) (Config, error) {
 		if *f.v == 0 {
 			*f.v = f.def
 		}
+	}
+	if err := applyPersona(&c); err != nil {
+		return c, err
 	}
 	if c.Timings < TimingNone || c.Timings > TimingLlamaCpp {
 		return c, fmt.Errorf("sim: unknown Timings %d", int(c.Timings))

@@ -10,9 +10,17 @@ type Truth struct {
 	ID string // the key: X-Request-Id, or the generated id (the response id without its prefix)
 
 	Arrived    time.Time // the handler started, before reading the body: the request reached the engine
-	Admitted   time.Time // a slot was acquired; zero if the request never got one
+	Admitted   time.Time // a slot was acquired (the slot starts the prompt); zero if the request never got one
 	FirstToken time.Time // prefill ended and the first token was due; zero if never
-	Finished   time.Time // the engine stopped work on it: its slot was let go, or it left the queue
+	LastToken  time.Time // the last output event went out; zero if none did
+	// Released is when the slot was let go: with the last token
+	// (ReleaseLastToken), or at the stream's end (ReleaseStreamEnd), one
+	// decode step after the last token for an answer that stopped by
+	// itself. Zero if the request never held a slot.
+	Released time.Time
+	Finished time.Time // the engine stopped work on it: Released, or when it left the queue
+
+	Slot int // the slot it held, 0..Slots-1; -1 if none
 
 	Queue   time.Duration // Arrived → Admitted; for a request that left the queue, Arrived → Finished
 	Prefill time.Duration // Admitted → FirstToken
@@ -85,7 +93,10 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 		Arrived:          j.arrived,
 		Admitted:         res.admitted,
 		FirstToken:       res.firstToken,
-		Finished:         res.finished,
+		LastToken:        res.lastToken,
+		Released:         res.released,
+		Finished:         res.released,
+		Slot:             res.slot,
 		PromptTokens:     res.promptTokens,
 		CachedTokens:     res.cachedTokens,
 		CompletionTokens: res.completionTokens,
