@@ -545,4 +545,5 @@ func (r *relay) reset() {
 	r.left = nil
 	r.gone.Store(false)
 	r.tr = Trace{}
+	readTiming(&r.tr, &r.timing) // unknown until the engine says: -1, never 0
 }

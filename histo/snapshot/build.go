@@ -124,6 +124,11 @@ func timingOf(rq *histo.Request) Timing {
 	t.CacheInferredTokens = rq.CacheInferredTokens
 	t.CachedTokens = rq.CachedTokens
 	t.ContentChunks = histo.Count(rq.ContentChunks)
+	t.EngineCachedTokens = rq.Engine.CachedTokens
+	t.EngineDecodeMs = ms(rq.Engine.Decode)
+	t.EnginePrefillMs = ms(rq.Engine.Prefill)
+	t.EngineQueueMs = ms(rq.Engine.Queue)
+	t.EngineWaitingAtAdmit = rq.Engine.WaitingAtAdmit
 	t.Model = str(rq.Model)
 	t.OutputTokenSource = str(rq.OutputTokenSource)
 	t.PrefixReuse = Num(rq.PrefixReuse)
