@@ -194,11 +194,11 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		cfg.Models = strings.Split(f.models, ",")
 	}
 	if f.upstream != embeddedUpstream {
-		_, prefix, err := checkUpstream(f.upstream)
+		up, err := checkUpstream(f.upstream)
 		if err != nil {
 			return nil, err
 		}
-		if endsInV1(prefix) {
+		if endsInV1(up.Prefix) {
 			log.Warn(v1Hint(redacted(f.upstream)), zap.String("upstream", redacted(f.upstream)))
 		}
 	}
@@ -227,12 +227,12 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}
 	st.rec.SelfCheck().Start()
 	st.stops = append(st.stops, st.rec.SelfCheck().Stop)
-	addr, prefix, err := checkUpstream(cfg.Upstream)
+	up, err := checkUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
 	st.health = newUpstreamHealth(redacted(cfg.Upstream), f.probeEvery, log)
-	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(prefix)}
+	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(up.Prefix)}
 	if st.proxy, err = proxy.New(cfg, log, st.tap); err != nil {
 		return nil, err
 	}
@@ -242,25 +242,35 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		return nil, err
 	}
 	st.stops = append(st.stops, stopScraper)
-	st.startProbes(addr, prefix, cfg)
+	st.startProbes(up, cfg)
 	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
 		return nil, err
 	}
 	if st.ln, err = net.Listen("tcp", f.listen); err != nil {
-		return nil, fmt.Errorf("listening: %w", err)
+		return nil, bindError("--listen", f.listen, "the agents' address", err)
 	}
 	st.stops = append(st.stops, func() { st.ln.Close() })
 	st.proxyURL = "http://" + st.ln.Addr().String()
 	if f.adminListen != "" {
 		addr, stop, err := startAdmin(f.adminListen, adminMux(st, f.adminToken), log)
 		if err != nil {
-			return nil, err
+			return nil, bindError("--admin-listen", f.adminListen, "the dashboard's and /metrics' address; empty disables it", err)
 		}
 		st.stops = append(st.stops, stop)
 		st.adminAddr, st.adminURL = addr, "http://"+addr
 	}
 	st.snaps.Start()
 	return st, nil
+}
+
+// bindError names the flag behind a listener that could not bind, so that
+// "address already in use" says which port to change.
+func bindError(flagName, addr, what string, err error) error {
+	hint := ""
+	if errors.Is(err, syscall.EADDRINUSE) {
+		hint = ": another process listens there; choose a free one"
+	}
+	return fmt.Errorf("%s %s (%s) cannot be used: %w%s", flagName, addr, what, err, hint)
 }
 
 // close writes the final snapshot (call it once the proxy has drained, so
@@ -305,7 +315,7 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	go func() {
-		<-sigc
+		secondSignal(sigc, time.Now(), time.After(signalEcho), log)
 		log.Warn("second signal: exiting at once")
 		_ = log.Sync()
 		os.Exit(1)
@@ -319,6 +329,32 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	return nil
+}
+
+// signalEcho is how long after the first signal another one is the same
+// request. GNU timeout sends its signal to the command and then to the
+// whole process group (timeout.c, cleanup: send_sig to the child, then
+// send_sig (0, sig) unless --foreground), so the proxy under "timeout"
+// gets SIGTERM twice, microseconds apart; a supervisor that signals a
+// process and its cgroup does the same. A person's second Ctrl-C comes
+// later than this.
+const signalEcho = time.Second
+
+// secondSignal returns at the first signal on sigc after echoEnd fires;
+// those before it are the first signal's echo and are logged, not obeyed.
+func secondSignal(sigc <-chan os.Signal, first time.Time, echoEnd <-chan time.Time, log *zap.Logger) {
+	for {
+		select {
+		case sig := <-sigc:
+			log.Info("signal again at once: the same request (timeout signals the process and its group); a later one exits at once",
+				zap.Stringer("signal", sig), zap.Duration("after", time.Since(first)))
+			continue
+		case <-echoEnd:
+			log.Debug("a second signal now exits at once")
+		}
+		<-sigc
+		return
+	}
 }
 
 // abortDrain bounds the wait, after Abort, for the cut requests to record
@@ -346,7 +382,7 @@ const defaultProbeEvery = 5 * time.Second
 // startProbes checks the upstream once over HTTP (in the background, so
 // that a slow upstream does not hold the start) and then, with a probe
 // interval, by TCP connect until the stack stops.
-func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
+func (st *stack) startProbes(up proxy.Upstream, cfg proxy.Config) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	timeout := cfg.DialTimeout
@@ -355,9 +391,9 @@ func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
 	}
 	go func() {
 		defer close(done)
-		st.health.startProbe(ctx, cfg.Upstream, prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
+		st.health.startProbe(ctx, cfg.Upstream, up.Prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
 		if st.health.every > 0 {
-			st.health.probeLoop(ctx, addr, timeout)
+			st.health.probeLoop(ctx, up.Addr, timeout)
 		}
 	}()
 	st.stops = append(st.stops, func() { cancel(); <-done })

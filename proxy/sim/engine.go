@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -36,7 +37,9 @@ type job struct {
 	arrived   time.Time
 	bodyHash  uint64
 	hashes    []uint64 // the prompt's prefix-cache block hashes
-	knobs     knobs
+	// promptTokens is len(prompt)/BytesPerToken, at least 1.
+	promptTokens int
+	knobs        knobs
 	// hideCached: the usage reports no cached tokens (Config.UnreportedCache
 	// or X-Sim-Report-Cached: false); the cache still cuts prefill.
 	hideCached bool
@@ -76,14 +79,22 @@ type result struct {
 	reasoningTokens  int
 
 	queue   time.Duration // arrival to slot
-	prefill time.Duration // slot to first token
+	prefill time.Duration // prefill start to first token
 	decode  time.Duration // first token to latest token
 
-	slot       int       // the slot held; -1 until admitted
-	admitted   time.Time // slot acquired; zero until then
-	firstToken time.Time // end of prefill; zero until then
-	lastToken  time.Time // the latest output event went out; zero until then
-	released   time.Time // the slot was let go; zero until then
+	slot     int       // the slot held; -1 until admitted
+	admitted time.Time // slot acquired; zero until then
+	// prefillStart is when the prefill proper starts: admitted plus the
+	// work before it (prePrefill); zero until admitted.
+	prefillStart time.Time
+	firstToken   time.Time // end of prefill; zero until then
+	lastToken    time.Time // the latest output event went out; zero until then
+	head         time.Time // the response head left; zero until then
+	left         time.Time // the engine noticed the client left during prefill; zero if not
+	// abandoned is how long the slot stayed busy after left: the prefill
+	// work the engine finished anyway (Config.Abandon).
+	abandoned time.Duration
+	released  time.Time // the slot was let go; zero until then
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -92,6 +103,9 @@ type result struct {
 // output receives a request's events as the engine produces them. An error
 // means the client is gone and ends the generation.
 type output interface {
+	// head sends the response head if it has not left yet, stamping
+	// res.head; a non-stream response's head leaves with its body instead.
+	head(res *result)
 	start(res *result) error
 	token(res *result, d delta) error
 	// end writes what follows the last output event: a stream's closing
@@ -102,14 +116,48 @@ type output interface {
 // unaryOutput is the output of a non-stream request: the text is collected
 // in the result and the whole body written at the end.
 type unaryOutput struct {
-	w http.ResponseWriter
-	p protocol
+	w   http.ResponseWriter
+	p   protocol
+	j   *job
+	tgi bool // Config.TGIHeaders
 }
 
+func (unaryOutput) head(*result)               {}
 func (unaryOutput) start(*result) error        { return nil }
 func (unaryOutput) token(*result, delta) error { return nil }
 func (o unaryOutput) end(res *result) error {
+	res.head = time.Now()
+	if o.tgi {
+		setTGIHeaders(o.w.Header(), o.j, res, res.head)
+	}
 	return writeJSON(o.w, http.StatusOK, o.p.body(res))
+}
+
+// setTGIHeaders sets text-generation-inference's timing headers on a
+// response written at now, as its router does for /generate (whole
+// milliseconds; router/src/server.rs): validation is arrival to enqueue,
+// queue enqueue to slot start, inference slot start to now.
+func setTGIHeaders(h http.Header, j *job, res *result, now time.Time) {
+	total, inference := now.Sub(j.arrived), now.Sub(res.admitted)
+	validation := max(0, total-res.queue-inference)
+	perToken := time.Duration(0)
+	if res.completionTokens > 0 {
+		perToken = inference / time.Duration(res.completionTokens)
+	}
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"x-total-time", total.Milliseconds()},
+		{"x-validation-time", validation.Milliseconds()},
+		{"x-queue-time", res.queue.Milliseconds()},
+		{"x-inference-time", inference.Milliseconds()},
+		{"x-time-per-token", perToken.Milliseconds()},
+		{"x-prompt-tokens", int64(res.promptTokens)},
+		{"x-generated-tokens", int64(res.completionTokens)},
+	} {
+		h.Set(f.name, strconv.FormatInt(f.v, 10))
+	}
 }
 
 // run takes an enqueued request through queue, prefill, decode and its
@@ -122,6 +170,9 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 
+	if s.cfg.Head == HeadAdmission {
+		out.head(res)
+	}
 	if err := s.wait(ctx, t); err != nil {
 		return res, s.abort(j, res, PhaseQueue)
 	}
@@ -139,33 +190,28 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	admitted := time.Now()
 	res.admitted, res.slot = admitted, t.slot
 	res.queue = admitted.Sub(j.arrived)
+	if s.cfg.Head == HeadSlotStart {
+		out.head(res)
+	}
 
-	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	res.promptTokens = j.promptTokens
 	s.mu.Lock()
-	res.cachedTokens = s.reuse(t.slot, j.hashes, res.promptTokens)
+	work := s.prePrefill(t.slot, j.hashes, res)
 	s.stats.PromptTokens += int64(res.promptTokens)
 	s.stats.CachedTokens += int64(res.cachedTokens)
 	s.mu.Unlock()
 
-	prefill := j.knobs.prefill
-	if prefill < 0 {
-		prefill = prefillOverhead + perRate(res.promptTokens-res.cachedTokens, s.cfg.PrefillTokensPerSec)
+	res.prefillStart = admitted.Add(work)
+	if err := s.prefill(ctx, timer, j, res, t.slot, res.prefillStart); err != nil {
+		return res, err
 	}
-	if err := sleepUntil(ctx, timer, admitted.Add(prefill)); err != nil {
-		if s.cfg.Cache == CacheSlot {
-			s.mu.Lock()
-			// The slot's old prompt is overwritten from the match on.
-			s.keep(t.slot, j.hashes[:res.cachedTokens/s.cfg.CacheBlockTokens])
-			s.mu.Unlock()
-		}
-		return res, s.abort(j, res, PhasePrefill)
-	}
-	s.mu.Lock()
-	s.keep(t.slot, j.hashes)
-	s.mu.Unlock()
 	start := time.Now()
 	res.firstToken = start
-	res.prefill = start.Sub(admitted)
+	res.prefill = start.Sub(res.prefillStart)
+	s.mu.Lock()
+	s.keep(t.slot, j.hashes)
+	s.counters.countPrefill(res)
+	s.mu.Unlock()
 
 	if err := out.start(res); err != nil {
 		return res, s.abort(j, res, PhaseDecode)

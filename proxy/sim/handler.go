@@ -65,18 +65,19 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		return
 	}
 	j.hashes = s.cache.hashes(j.prompt)
-	t, ok := s.enqueue(j.hashes)
+	j.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	t, ok := s.enqueue(j.hashes, j.promptTokens+j.maxTokens)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
 			fmt.Sprintf("sim: queue full: %d requests wait for %d slots", s.cfg.MaxQueue, s.cfg.Slots))
 		return
 	}
 
-	// A stream's headers go out on admission, before queue and prefill, as
-	// from vLLM's StreamingResponse; the first event follows prefill.
-	var out output = unaryOutput{w: w, p: p}
+	// A stream's head leaves when Config.Head says (run sends it); a
+	// whole response's with its body.
+	var out output = unaryOutput{w: w, p: p, j: j, tgi: s.cfg.TGIHeaders}
 	if j.stream {
-		out = streamOutput{p: p, e: startStream(w)}
+		out = &streamOutput{w: w, p: p}
 	}
 	res, err := s.run(r.Context(), t, j, out)
 	switch {
@@ -186,11 +187,30 @@ func (e *eventWriter) flush() error {
 }
 
 // streamOutput sends the engine's events to a stream through a protocol.
+// It is owned by the request's handler goroutine.
 type streamOutput struct {
+	w http.ResponseWriter
 	p protocol
-	e *eventWriter
+	e *eventWriter // nil until the head is sent
 }
 
-func (o streamOutput) start(res *result) error          { return o.p.open(o.e, res) }
-func (o streamOutput) token(res *result, d delta) error { return o.p.delta(o.e, res, d) }
-func (o streamOutput) end(res *result) error            { return o.p.close(o.e, res) }
+func (o *streamOutput) head(res *result) {
+	if o.e == nil {
+		o.e = startStream(o.w)
+		res.head = time.Now()
+	}
+}
+
+// start sends the head if it has not left yet (HeadFirstOutput), then the
+// opening events; they and the first output event leave at one instant.
+func (o *streamOutput) start(res *result) error {
+	o.head(res)
+	return o.p.open(o.e, res)
+}
+
+func (o *streamOutput) token(res *result, d delta) error { return o.p.delta(o.e, res, d) }
+
+func (o *streamOutput) end(res *result) error {
+	o.head(res)
+	return o.p.close(o.e, res)
+}

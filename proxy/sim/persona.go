@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Engine is the real engine the simulator behaves like: it chooses the
@@ -14,7 +15,12 @@ import (
 //	Cache     shared blocks      per slot          per slot
 //	Release   last token         stream end        stream end
 //	Head      admission          slot start        first output
+//	Head      admission          slot start        first output
 //	Timings   none               llamacpp          none
+//	Abandon   stop               batch (2,048)     whole prompt
+//	SwitchCost no RAM cache      15 ms             no RAM cache
+//	ContextSlowdown 0            0.1 per 1k        0.1 per 1k
+//	Metrics   vllm:…             llamacpp:…        none (404)
 //	cached    reported           reported          never reported
 type Engine int
 
@@ -126,21 +132,61 @@ func (m *ReleaseMode) UnmarshalText(b []byte) error {
 	return releaseNames.parse("release mode", b, m)
 }
 
+// HeadMode is when a stream's response head (status and headers) leaves.
+// A non-stream response's head always leaves with its body.
+type HeadMode int
+
+const (
+	// HeadAuto is the Engine's choice.
+	HeadAuto HeadMode = iota
+	// HeadAdmission sends the head as soon as the request is enqueued,
+	// before any queueing or prefill, as vLLM's StreamingResponse does: the
+	// head says nothing about the engine's queue.
+	HeadAdmission
+	// HeadSlotStart sends the head when a slot starts the prompt, as
+	// llama.cpp does: head − sent is the queue, first output − head the
+	// prefill (and any work before it).
+	HeadSlotStart
+	// HeadFirstOutput sends the head with the first output event, as
+	// ollama does: the head carries no queue information.
+	HeadFirstOutput
+)
+
+var headNames = enumText[HeadMode]{"auto", "admission", "slot-start", "first-output"}
+
+// String returns "auto", "admission", "slot-start" or "first-output".
+func (m HeadMode) String() string { return headNames.text(m) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (m HeadMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler (flag.TextVar).
+func (m *HeadMode) UnmarshalText(b []byte) error { return headNames.parse("head mode", b, m) }
+
 // persona is the set of defaults an Engine brings.
 type persona struct {
 	cache      CacheMode
 	release    ReleaseMode
+	head       HeadMode
+	timings    TimingMode
+	abandon    AbandonMode
+	switchCost time.Duration
+	slowdown   float64
+	metrics    MetricsForm
 	hideCached bool
 }
 
 func (e Engine) persona() persona {
 	switch e {
 	case EngineLlamaCpp:
-		return persona{cache: CacheSlot, release: ReleaseStreamEnd}
+		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadSlotStart, timings: TimingLlamaCpp,
+			abandon: AbandonBatch, switchCost: 15 * time.Millisecond, slowdown: 0.1, metrics: MetricsLlamaCpp}
 	case EngineOllama:
-		return persona{cache: CacheSlot, release: ReleaseStreamEnd, hideCached: true}
+		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadFirstOutput, timings: TimingNone,
+			abandon: AbandonPrompt, switchCost: -1, slowdown: 0.1, metrics: MetricsNone, hideCached: true}
 	}
-	return persona{cache: CacheShared, release: ReleaseLastToken}
+	return persona{cache: CacheShared, release: ReleaseLastToken, head: HeadAdmission, timings: TimingNone,
+		abandon: AbandonStop, switchCost: -1, metrics: MetricsVLLM}
 }
 
 // applyPersona fills the knobs left at their zero value from c.Engine.
@@ -148,8 +194,10 @@ func applyPersona(c *Config) error {
 	if !engineNames.valid(c.Engine) {
 		return fmt.Errorf("sim: unknown Engine %d", int(c.Engine))
 	}
-	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) {
-		return fmt.Errorf("sim: unknown Cache %d or Release %d", int(c.Cache), int(c.Release))
+	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) || !headNames.valid(c.Head) ||
+		!timingNames.valid(c.Timings) || !abandonNames.valid(c.Abandon) || !metricsNames.valid(c.Metrics) {
+		return fmt.Errorf("sim: unknown Cache %d, Release %d, Head %d, Timings %d or Abandon %d",
+			int(c.Cache), int(c.Release), int(c.Head), int(c.Timings), int(c.Abandon))
 	}
 	p := c.Engine.persona()
 	if c.Cache == CacheAuto {
@@ -157,6 +205,24 @@ func applyPersona(c *Config) error {
 	}
 	if c.Release == ReleaseAuto {
 		c.Release = p.release
+	}
+	if c.Head == HeadAuto {
+		c.Head = p.head
+	}
+	if c.Timings == TimingAuto {
+		c.Timings = p.timings
+	}
+	if c.Abandon == AbandonAuto {
+		c.Abandon = p.abandon
+	}
+	if c.SwitchCost == 0 {
+		c.SwitchCost = p.switchCost
+	}
+	if c.ContextSlowdown == 0 {
+		c.ContextSlowdown = p.slowdown
+	}
+	if c.Metrics == MetricsAuto {
+		c.Metrics = p.metrics
 	}
 	c.UnreportedCache = c.UnreportedCache || p.hideCached
 	return nil

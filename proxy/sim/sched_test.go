@@ -101,6 +101,8 @@ func TestLongestPrefixSlot(t *testing.T) {
 		cfg := fast()
 		cfg.Engine = EngineLlamaCpp
 		cfg.Slots = 3
+		cfg.Abandon = AbandonStop // the holder's hour of prefill ends when it leaves
+		cfg.SwitchCost = -1       // no RAM prompt cache: only the slots hold prompts
 		v := startVirtual(t, cfg)
 		send := func(id string, body map[string]any, headers ...string) {
 			resp := v.post(t, context.Background(), "/v1/chat/completions", body, append([]string{"X-Request-Id", id}, headers...)...)
@@ -250,5 +252,119 @@ func TestReleaseAtStreamEndNonStream(t *testing.T) {
 		require.Contains(t, string(body), `"finish_reason":"stop"`)
 		tr := truthOf(t, v.s, "whole")
 		require.Equal(t, 10*time.Millisecond, tr.Released.Sub(tr.LastToken))
+	})
+}
+
+// TestHeadModes: behind a request holding the one slot, a stream's head
+// leaves on admission (vLLM), when the slot starts its prompt (llama.cpp)
+// or with its first output (ollama), and the truth records when.
+func TestHeadModes(t *testing.T) {
+	for _, tc := range []struct {
+		engine Engine
+		at     func(Truth) time.Time
+	}{
+		{EngineVLLM, func(tr Truth) time.Time { return tr.Arrived }},
+		{EngineLlamaCpp, func(tr Truth) time.Time { return tr.Admitted }},
+		{EngineOllama, func(tr Truth) time.Time { return tr.FirstToken }},
+	} {
+		t.Run(tc.engine.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := fast()
+				cfg.Engine = tc.engine
+				cfg.Slots = 1
+				v := startVirtual(t, cfg)
+				go func() {
+					r := v.post(t, context.Background(), "/v1/chat/completions", chatBody(false, false, "max_tokens", 1), "X-Sim-Prefill", "100ms")
+					io.Copy(io.Discard, r.Body)
+				}()
+				synctest.Wait()
+				resp := v.post(t, context.Background(), "/v1/chat/completions", chatBody(true, false),
+					"X-Request-Id", "s", "X-Sim-Prefill", "30ms")
+				head := time.Now()
+				_, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				tr := truthOf(t, v.s, "s")
+				require.Equal(t, 100*time.Millisecond, tr.Queue)
+				require.Equal(t, head, tr.Head, "the truth is when the client got the head")
+				require.Equal(t, tc.at(tr), tr.Head)
+			})
+		})
+	}
+}
+
+// TestLlamaCppTimings: llama.cpp's final chunk, and its whole response,
+// carry the timings object; usage's cached_tokens is its cache_n, which the
+// second turn of a conversation on the same slot has.
+func TestLlamaCppTimings(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Engine = EngineLlamaCpp
+		cfg.TokensPerEvent = 1
+		v := startVirtual(t, cfg)
+		stream := func(id string, body map[string]any) testChunk {
+			body["stream"], body["max_tokens"] = true, 64
+			resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", id, "X-Sim-Event-Gap", "2ms")
+			evs, err := readAll(resp.Body)
+			require.NoError(t, err)
+			require.Equal(t, "[DONE]", evs[len(evs)-1].data)
+			last := decode[testChunk](t, evs[len(evs)-2].data)
+			require.NotNil(t, last.Choices[0].FinishReason, "the final chunk carries the finish")
+			return last
+		}
+		stream("t1", convBody("a", 1))
+		last := stream("t2", convBody("a", 2))
+		tr := truthOf(t, v.s, "t2")
+		require.Positive(t, tr.CachedTokens)
+		tm := last.Timings
+		require.Equal(t, float64(tr.CachedTokens), tm["cache_n"])
+		require.Equal(t, float64(tr.PromptTokens-tr.CachedTokens), tm["prompt_n"])
+		require.Equal(t, float64(tr.Prefill.Microseconds())/1e3, tm["prompt_ms"])
+		require.Equal(t, 64.0, tm["predicted_n"])
+		require.Equal(t, 126.0, tm["predicted_ms"], "63 gaps of 2 ms")
+		require.Equal(t, 2.0, tm["predicted_per_token_ms"].(float64)*64/63)
+
+		// With include_usage the usage chunk carries both.
+		body := convBody("a", 3)
+		body["stream"], body["stream_options"] = true, map[string]any{"include_usage": true}
+		resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", "t3")
+		evs, err := readAll(resp.Body)
+		require.NoError(t, err)
+		u := decode[testChunk](t, evs[len(evs)-2].data)
+		require.Equal(t, float64(u.Usage.PromptTokensDetails.CachedTokens), u.Timings["cache_n"])
+		require.Equal(t, truthOf(t, v.s, "t3").CachedTokens, u.Usage.PromptTokensDetails.CachedTokens)
+
+		whole := decodeBody[testChunk](t, v.post(t, context.Background(), "/v1/chat/completions", convBody("a", 4)))
+		require.Equal(t, float64(whole.Usage.PromptTokensDetails.CachedTokens), whole.Timings["cache_n"])
+		require.Positive(t, whole.Usage.PromptTokensDetails.CachedTokens)
+	})
+}
+
+// TestTGIHeaders: a whole response behind a busy slot reports TGI's
+// queue and inference times, in milliseconds, equal to the truth.
+func TestTGIHeaders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Slots = 1
+		cfg.TGIHeaders = true
+		cfg.TokensPerEvent = 1
+		v := startVirtual(t, cfg)
+		go func() {
+			r := v.post(t, context.Background(), "/v1/chat/completions", chatBody(false, false, "max_tokens", 1), "X-Sim-Prefill", "70ms")
+			io.Copy(io.Discard, r.Body)
+		}()
+		synctest.Wait()
+		resp := v.post(t, context.Background(), "/v1/chat/completions", chatBody(false, false, "max_tokens", 10),
+			"X-Request-Id", "w", "X-Sim-Prefill", "40ms", "X-Sim-Event-Gap", "1ms")
+		io.Copy(io.Discard, resp.Body)
+		tr := truthOf(t, v.s, "w")
+		require.Equal(t, fmt.Sprint(tr.Queue.Milliseconds()), resp.Header.Get("x-queue-time"))
+		require.Equal(t, "70", resp.Header.Get("x-queue-time"))
+		require.Equal(t, "49", resp.Header.Get("x-inference-time"), "40 ms prefill, 9 gaps of 1 ms")
+		require.Equal(t, "4", resp.Header.Get("x-time-per-token"))
+		require.Equal(t, "10", resp.Header.Get("x-generated-tokens"))
+		require.Equal(t, fmt.Sprint(tr.PromptTokens), resp.Header.Get("x-prompt-tokens"))
+
+		stream := v.post(t, context.Background(), "/v1/chat/completions", chatBody(true, false))
+		require.Empty(t, stream.Header.Get("x-queue-time"), "TGI reports them on whole responses only")
 	})
 }

@@ -29,7 +29,13 @@
 //	queue    waits FIFO until one of Config.Slots is free; with per-slot
 //	         caches (Config.Cache, llama.cpp and ollama) it takes the free
 //	         slot whose last prompt shares the longest prefix with its own
-//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms
+//	switch   with llama.cpp's RAM prompt cache (Config.SwitchCost), a slot
+//	         about to overwrite the prompt it holds saves it first, and a
+//	         longer prefix held in the RAM cache is restored: work before
+//	         the prefill that is neither queue nor this prompt's prefill
+//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms;
+//	         with Config.ContextSlowdown (llama.cpp, ollama) each new token
+//	         costs more the more context it attends to
 //	decode   the first token comes out at the end of prefill; after it, the
 //	         event that ends at completion token i is due i−1 tokens later at
 //	         DecodeTokensPerSec, scheduled from the decode start so that timing
@@ -40,11 +46,28 @@
 //	         decode step (the end-of-sequence token, never sent), then a
 //	         chunk of its own carries the finish reason and the slot is let go
 //
+// A stream's response head leaves (Config.Head) as soon as the request is
+// enqueued (vLLM), when a slot starts its prompt (llama.cpp: head − sent is
+// the queue) or with the first output (ollama); its first event (role
+// chunk, message_start, response.created) comes at the end of prefill, just
+// before the first output event, which carries tokens. A whole response's
+// head leaves with its body; with Config.TGIHeaders it carries TGI's
+// x-queue-time, x-inference-time … headers.
+//
+// Per-request timing (Config.Timings): vLLM's "metrics" object, or
+// llama.cpp's "timings" (prompt_n, prompt_ms, predicted_n, predicted_ms,
+// predicted_per_token_ms, cache_n) on the final chunk — the usage chunk
+// when one is asked for — and the whole body; usage's
+// prompt_tokens_details.cached_tokens is then cache_n.
+//
 // A client that goes away is noticed through the request context, which
 // net/http cancels when the connection closes even while the handler sleeps
 // (as vLLM notices a disconnect during prefill): the request leaves the queue
-// or stops prefill or decode at once, and the abort is counted in Stats and
-// sent on Aborts.
+// or stops decode at once, and the abort is counted in Stats and sent on
+// Aborts at once. A prefill runs on as Config.Abandon says: vLLM stops at
+// once, llama.cpp finishes the 2,048-token batch it is on, ollama the whole
+// prompt; the slot stays busy for nobody meanwhile, and what was prefilled
+// stays in the slot's cache.
 //
 // Prompt tokens are len(prompt text)/BytesPerToken (at least 1). The prompt
 // text is: the tools JSON as sent, then "role\ncontent\n" per message in order
@@ -80,10 +103,18 @@
 // drops the connection mid-body.
 //
 // The engine records the truth of every request it admitted — its true
-// queue wait, the slot it held, prefill time, the cached tokens it used,
-// its last token and the instant its slot was let go — for in-process
+// queue wait, the slot it held, the work before its prefill, prefill
+// time, the cached tokens it used, when its head left, its last token, the
+// instant its slot was let go and how long an abandoned prefill ran on — for in-process
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
+//
+// GET /metrics (Config.Metrics) serves the engine's own metrics under its
+// real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
+// usage, prefix-cache queries and hits, token counters, per-request queue,
+// prefill, decode, inference, e2e and TTFT histograms) or llama-server's
+// (requests processing and deferred, prompt tokens excluding cached, cached
+// prompt tokens, prompt seconds, tokens predicted), or 404 as from ollama.
 //
 // Reasoning is on for chat completions and Responses unless the request sends
 // "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
@@ -157,6 +188,33 @@ type Config struct {
 	// answer that stopped by itself (llama.cpp, ollama). The zero value is
 	// the Engine's.
 	Release ReleaseMode
+	// Abandon is what a prefill whose client left does: stop at once
+	// (vLLM), finish its BatchTokens batch (llama.cpp) or the whole prompt
+	// (ollama) before the slot is free. The zero value is the Engine's.
+	Abandon AbandonMode
+	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
+	// n_batch. 0 means 2048.
+	BatchTokens int
+	// SwitchCost is the cost of saving a slot's prompt to llama.cpp's RAM
+	// prompt cache (--cache-ram) before another prompt overwrites it, and
+	// of restoring a longer prefix from it; work before the prefill that is
+	// neither queue nor prefill (12–58 ms measured per switch). Only with
+	// per-slot caches. 0 means the Engine's: 15 ms for llama.cpp (so a save
+	// and a restore take 30 ms), no RAM cache for the others; negative
+	// means no RAM cache.
+	SwitchCost time.Duration
+	// ContextSlowdown makes prefill cost per new token grow with the
+	// context it attends to: each new token costs 1/PrefillTokensPerSec ×
+	// (1 + ContextSlowdown × context/1000), context being the cached prefix
+	// plus the new tokens before it, so a cold rate under-estimates the
+	// cached tokens of a long history. 0 means the Engine's: 0.1 for
+	// llama.cpp and ollama (CPU attention), none for vLLM; negative means
+	// none.
+	ContextSlowdown float64
+	// Metrics is the form of GET /metrics: vLLM's names (vllm:…),
+	// llama-server's (llamacpp:…), both beside the sim's own sim_…, or none
+	// (404, as ollama). The zero value is the Engine's.
+	Metrics MetricsForm
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -191,9 +249,20 @@ type Config struct {
 	// ReasoningShare is the share of completion tokens that are reasoning
 	// when reasoning is on (rounded down). 0 means 0.5.
 	ReasoningShare float64
-	// Timings selects the per-request timing report. The zero value is
-	// TimingNone.
+	// Timings selects the per-request timing report. The zero value is the
+	// Engine's: none for vLLM and ollama, llama.cpp's timings object for
+	// EngineLlamaCpp.
 	Timings TimingMode
+	// Head is when a stream's response head leaves: on admission (vLLM),
+	// when the slot starts the prompt (llama.cpp) or with the first output
+	// (ollama). The zero value is the Engine's.
+	Head HeadMode
+	// TGIHeaders adds text-generation-inference's timing headers to every
+	// non-stream response: x-total-time, x-validation-time, x-queue-time,
+	// x-inference-time (slot start to the end), x-time-per-token, in whole
+	// milliseconds, and x-prompt-tokens, x-generated-tokens
+	// (huggingface/text-generation-inference router/src/server.rs).
+	TGIHeaders bool
 	// CacheBlockTokens is the prefix cache granularity. 0 means 16.
 	CacheBlockTokens int
 	// CacheBlocks is the prefix cache capacity in blocks, evicted least
@@ -235,8 +304,11 @@ type Config struct {
 type TimingMode int
 
 const (
+	// TimingAuto is the Engine's choice: llamacpp for EngineLlamaCpp, none
+	// for the others.
+	TimingAuto TimingMode = iota
 	// TimingNone reports no timing.
-	TimingNone TimingMode = iota
+	TimingNone
 	// TimingVLLM adds vLLM's per-request "metrics" object
 	// (--enable-per-request-metrics) to the usage chunk, the non-stream
 	// body and the completed Responses object.
@@ -246,30 +318,17 @@ const (
 	TimingLlamaCpp
 )
 
-var timingNames = [...]string{"none", "vllm", "llamacpp"}
+var timingNames = enumText[TimingMode]{"auto", "none", "vllm", "llamacpp"}
 
-// String returns "none", "vllm" or "llamacpp".
-func (m TimingMode) String() string {
-	if m < 0 || int(m) >= len(timingNames) {
-		return fmt.Sprintf("TimingMode(%d)", int(m))
-	}
-	return timingNames[m]
-}
+// String returns "auto", "none", "vllm" or "llamacpp".
+func (m TimingMode) String() string { return timingNames.text(m) }
 
 // MarshalText implements encoding.TextMarshaler.
 func (m TimingMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
 
 // UnmarshalText implements encoding.TextUnmarshaler, so a TimingMode can be
 // a flag.TextVar.
-func (m *TimingMode) UnmarshalText(b []byte) error {
-	for i, name := range timingNames {
-		if string(b) == name {
-			*m = TimingMode(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("sim: unknown timing mode %q (want none, vllm or llamacpp)", b)
-}
+func (m *TimingMode) UnmarshalText(b []byte) error { return timingNames.parse("timing mode", b, m) }
 
 // Server is a simulated inference server. It is an http.Handler, safe for
 // concurrent use; it starts no goroutines of its own, so every request is
@@ -291,6 +350,11 @@ type Server struct {
 	trunc    *rand.Rand
 	stats    Stats
 	truths   *truths
+	counters engineCounters
+	kvUsed   int // KV tokens reserved by the requests holding slots
+
+	metrics http.Handler    // GET /metrics in Config.Metrics form
+	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
 }
 
 // New returns a Server for cfg with defaults filled in, or an error naming
@@ -310,6 +374,7 @@ func New(cfg Config) (*Server, error) {
 		truths:   newTruths(),
 		slots:    make([]slot, cfg.Slots),
 	}
+	s.metrics = s.newMetricsHandler()
 	s.mux = s.routes()
 	return s, nil
 }
@@ -330,6 +395,7 @@ func withDefaults(c Config) (Config, error) {
 		{"DefaultMaxTokens", &c.DefaultMaxTokens, 256},
 		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
 		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
+		{"BatchTokens", &c.BatchTokens, 2048},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -350,6 +416,9 @@ func withDefaults(c Config) (Config, error) {
 		{"FailRate", &c.FailRate, 0, 1},
 		{"TruncateRate", &c.TruncateRate, 0, 1},
 	}
+	if math.IsNaN(c.ContextSlowdown) || math.IsInf(c.ContextSlowdown, 0) {
+		return c, fmt.Errorf("sim: ContextSlowdown is %v", c.ContextSlowdown)
+	}
 	for _, f := range floats {
 		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
 			return c, fmt.Errorf("sim: %s is %v, want 0..%v", f.name, *f.v, f.max)
@@ -360,9 +429,6 @@ func withDefaults(c Config) (Config, error) {
 	}
 	if err := applyPersona(&c); err != nil {
 		return c, err
-	}
-	if c.Timings < TimingNone || c.Timings > TimingLlamaCpp {
-		return c, fmt.Errorf("sim: unknown Timings %d", int(c.Timings))
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel
@@ -383,7 +449,7 @@ func withDefaults(c Config) (Config, error) {
 // ServeHTTP serves the inference API:
 //
 //	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
-//	GET  /v1/models, /health, /metrics
+//	GET  /v1/models, /health, /metrics (in Config.Metrics form)
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
@@ -400,7 +466,7 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/messages", s.generation(newMessages)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
-		{"GET", "/metrics", s.serveMetrics},
+		{"GET", "/metrics", s.metrics.ServeHTTP},
 	} {
 		mux.HandleFunc(r.method+" "+r.path, r.h)
 		mux.HandleFunc(r.path, serveMethodNotAllowed)
@@ -419,8 +485,9 @@ type Stats struct {
 	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
 	Truncated   int64 // streams ended cleanly without their final events
 
-	Active int // holding a slot now
-	Queued int // waiting for a slot now
+	Active   int // holding a slot now
+	Queued   int // waiting for a slot now
+	KVTokens int // KV-cache tokens reserved by the requests holding a slot: prompt plus planned completion
 
 	PromptTokens     int64 // prompt tokens of requests that reached prefill
 	CachedTokens     int64 // the part of PromptTokens served by the prefix cache
@@ -436,6 +503,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Active = s.active
 	st.Queued = len(s.queue)
+	st.KVTokens = s.kvUsed
 	return st
 }
 
