@@ -82,7 +82,9 @@ func TestEngineMetricsThroughProxy(t *testing.T) {
 	_, err = io.Copy(io.Discard, resp.Body)
 	require.NoError(t, err)
 	resp.Body.Close()
-	scrapeUntil(t, sc, func(r engine.Reading) bool { return r.Running == 0 && r.Waiting == 0 && r.OutputTokens > before.Read.OutputTokens })
+	scrapeUntil(t, sc, func(r engine.Reading) bool {
+		return r.Running == 0 && r.Waiting == 0 && r.OutputTokens > before.Read.OutputTokens
+	})
 	g2, _ := sc.Agreement()
 	require.Greater(t, g2.PromptRatio, 1.0, "the engine saw work the proxy did not: %+v", g2)
 	require.False(t, math.IsNaN(g2.PrefillRatio), "llama.cpp's prompt_seconds_total against the split's prefill")
