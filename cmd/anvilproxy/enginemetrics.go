@@ -104,7 +104,7 @@ func registerEngineMetrics(reg prometheus.Registerer, s *engine.Scraper) {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
 	}
 	reg.MustRegister(
-		gauge("anvilproxy_engine_metrics_up", "1 when the last scrape of the engine's /metrics succeeded, 0 otherwise (a 404 engine, such as ollama, exports none).",
+		gauge("anvilproxy_engine_metrics_up", "1 when the last scrape of the engine's /metrics succeeded, 0 otherwise (ollama has none; llama-server needs --metrics).",
 			func() float64 {
 				if st, _, _ := s.Status(); st == engine.StateOK {
 					return 1

@@ -147,10 +147,17 @@ func TestRingWraps(t *testing.T) {
 }
 
 // TestAbsentLoggedOnceAndBacksOff: an engine without /metrics (ollama
-// answers 404) is said once, and Run then asks only every absentEvery.
+// answers 404, llama-server without --metrics 501) is said once, and Run
+// then asks only every absentEvery.
 func TestAbsentLoggedOnceAndBacksOff(t *testing.T) {
+	for _, code := range []int{http.StatusNotFound, http.StatusNotImplemented} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) { testAbsent(t, code) })
+	}
+}
+
+func testAbsent(t *testing.T, code int) {
 	stub := &engineStub{}
-	stub.status.Store(http.StatusNotFound)
+	stub.status.Store(int64(code))
 	srv := httptest.NewServer(stub)
 	defer srv.Close()
 	var l logs
@@ -165,7 +172,7 @@ func TestAbsentLoggedOnceAndBacksOff(t *testing.T) {
 	<-done
 	require.EqualValues(t, 1, stub.hits.Load())
 	require.Len(t, l.all(), 1)
-	require.Contains(t, l.all()[0], "404")
+	require.Contains(t, l.all()[0], fmt.Sprint(code))
 	_, _, ok := s.LoadAt(time.Now())
 	require.False(t, ok)
 }

@@ -62,7 +62,7 @@ type State uint8
 const (
 	StateStarting State = iota // nothing scraped yet
 	StateOK                    // the last scrape succeeded
-	StateAbsent                // the engine answered 404: no /metrics (ollama)
+	StateAbsent                // the engine has no /metrics: 404 (ollama) or 501 (llama-server without --metrics)
 	StateFailing               // the last scrape failed otherwise
 )
 
@@ -110,7 +110,7 @@ func New(cfg Config) *Scraper {
 	return &Scraper{cfg: cfg}
 }
 
-// Run scrapes until ctx ends. After a 404 it asks again only every
+// Run scrapes until ctx ends. After a 404 or 501 it asks again only every
 // absentEvery; after another failure it backs off, doubling up to 30 s.
 func (s *Scraper) Run(ctx context.Context) {
 	wait := time.Duration(0)
@@ -135,7 +135,7 @@ func (s *Scraper) Run(ctx context.Context) {
 	}
 }
 
-var errAbsent = errors.New("engine: no /metrics (404)")
+var errAbsent = errors.New("engine: no /metrics")
 
 // Scrape reads the engine once and records the sample. It is what Run
 // calls; tests call it directly.
@@ -154,9 +154,11 @@ func (s *Scraper) Scrape(ctx context.Context) error {
 	}
 	at := sent.Add(time.Since(sent) / 2)
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusNotImplemented {
+		// ollama has no /metrics (404); llama-server without --metrics
+		// answers 501 not_supported_error.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return s.fail(errAbsent)
+		return s.fail(fmt.Errorf("%w: %d", errAbsent, resp.StatusCode))
 	}
 	if resp.StatusCode != http.StatusOK {
 		return s.fail(fmt.Errorf("engine: /metrics answered %d", resp.StatusCode))
@@ -214,7 +216,7 @@ func (s *Scraper) fail(err error) error {
 	s.mu.Unlock()
 	if was != st {
 		if st == StateAbsent {
-			s.cfg.Logf("engine metrics: %s answered 404; the engine exports none (ollama does not). Asking again every %s", s.cfg.URL, absentEvery)
+			s.cfg.Logf("engine metrics: %s exports none (%v: ollama has none, llama-server needs --metrics); asking again every %s", s.cfg.URL, err, absentEvery)
 		} else {
 			s.cfg.Logf("engine metrics: scraping %s failed: %v", s.cfg.URL, err)
 		}
