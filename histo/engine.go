@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -86,4 +87,64 @@ func (r *Recorder) EngineTotals() engine.Totals {
 		OutputTokens: float64(r.totals.output.Load()),
 		PrefillSecs:  time.Duration(r.totals.prefillNs.Load()).Seconds(),
 	}
+}
+
+// EngineSection is what the engine's /metrics said when a window ended:
+// the scraper's state, the engine's last counts and the agreement of its
+// totals with the proxy's (docs/engines.md). Unknown values are null.
+type EngineSection struct {
+	State        string `json:"state"` // starting, ok, absent, failing
+	Kind         string `json:"kind"`  // vllm, llamacpp, sglang, tgi, unknown
+	Running      Float  `json:"running"`
+	Waiting      Float  `json:"waiting"`
+	KVCacheUsage Float  `json:"kv_cache_usage"`
+	// The agreement over the scraper's kept samples: engine and proxy
+	// totals, and engine ÷ proxy.
+	AgreementSeconds Float `json:"agreement_seconds"`
+	EnginePrompt     Float `json:"engine_prompt_tokens"`
+	ProxyPrompt      Float `json:"proxy_prompt_tokens"`
+	PromptRatio      Float `json:"prompt_tokens_ratio"`
+	EngineOutput     Float `json:"engine_output_tokens"`
+	ProxyOutput      Float `json:"proxy_output_tokens"`
+	OutputRatio      Float `json:"output_tokens_ratio"`
+	EnginePrefill    Float `json:"engine_prefill_seconds"`
+	ProxyPrefill     Float `json:"proxy_prefill_seconds"`
+	PrefillRatio     Float `json:"prefill_seconds_ratio"`
+}
+
+// engineReporter is what EngineSection needs of the EngineLoad: the
+// scraper of histo/engine has it; another EngineLoad yields no section.
+type engineReporter interface {
+	Status() (engine.State, int64, error)
+	Last() (engine.Sample, bool)
+	Agreement() (engine.Agreement, bool)
+}
+
+// EngineSection reads the engine's /metrics as last scraped; nil when no
+// scraper is set. Safe for concurrent use.
+func (r *Recorder) EngineSection() *EngineSection {
+	b := r.load.Load()
+	if b == nil {
+		return nil
+	}
+	rep, ok := b.EngineLoad.(engineReporter)
+	if !ok {
+		return nil
+	}
+	nan := Float(math.NaN())
+	st, _, _ := rep.Status()
+	s := &EngineSection{State: st.String(), Kind: engine.KindUnknown.String(), Running: nan, Waiting: nan, KVCacheUsage: nan,
+		AgreementSeconds: nan, EnginePrompt: nan, ProxyPrompt: nan, PromptRatio: nan, EngineOutput: nan, ProxyOutput: nan,
+		OutputRatio: nan, EnginePrefill: nan, ProxyPrefill: nan, PrefillRatio: nan}
+	if smp, ok := rep.Last(); ok {
+		s.Kind = smp.Read.Kind.String()
+		s.Running, s.Waiting, s.KVCacheUsage = Float(smp.Read.Running), Float(smp.Read.Waiting), Float(smp.Read.KVCacheUsage)
+	}
+	if g, ok := rep.Agreement(); ok {
+		s.AgreementSeconds = Float(g.Seconds)
+		s.EnginePrompt, s.ProxyPrompt, s.PromptRatio = Float(g.EnginePrompt), Float(g.ProxyPrompt), Float(g.PromptRatio)
+		s.EngineOutput, s.ProxyOutput, s.OutputRatio = Float(g.EngineOutput), Float(g.ProxyOutput), Float(g.OutputRatio)
+		s.EnginePrefill, s.ProxyPrefill, s.PrefillRatio = Float(g.EnginePrefill), Float(g.ProxyPrefill), Float(g.PrefillRatio)
+	}
+	return s
 }

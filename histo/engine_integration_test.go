@@ -2,6 +2,7 @@ package histo_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"math"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/histo/engine"
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
@@ -89,6 +91,16 @@ func TestEngineMetricsThroughProxy(t *testing.T) {
 	require.Greater(t, g2.PromptRatio, 1.0, "the engine saw work the proxy did not: %+v", g2)
 	require.False(t, math.IsNaN(g2.PrefillRatio), "llama.cpp's prompt_seconds_total against the split's prefill")
 	t.Logf("agreement through the proxy %+v; with a second front door %+v", g, g2)
+
+	// The snapshot's extension carries it, with a note on the other door.
+	doc, err := snapshot.Build(s.rec.Current(), snapshot.PrefillModel{})
+	require.NoError(t, err)
+	var sec histo.EngineSection
+	require.NoError(t, json.Unmarshal(doc.Anvilproxy.Engine, &sec))
+	require.Equal(t, "ok", sec.State)
+	require.Equal(t, "llamacpp", sec.Kind)
+	require.InDelta(t, g2.PromptRatio, float64(sec.PromptRatio), 1e-9)
+	require.Contains(t, strings.Join(doc.Anvilproxy.Notes, "\n"), "other front doors share the engine")
 }
 
 // TestEngineMetricsAbsent: an engine without /metrics (the sim as ollama

@@ -73,6 +73,7 @@ func windowPart(w *histo.Window, pm PrefillModel) *part {
 		quality:       w.Quality,
 		cache:         w.Cache,
 		slots:         w.Slots,
+		engine:        w.Engine,
 		queueSources:  make(map[string]int64, len(w.QueueSources)),
 		clamped:       make(map[string]int64, histo.NumMetrics),
 		dropped:       w.Dropped,
