@@ -14,6 +14,7 @@ import (
 
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/histo/engine"
+	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
 // engineFlags are --engine-metrics and --engine-metrics-interval.
@@ -35,13 +36,15 @@ func engineMetricsURL(flag, upstream string) (string, error) {
 	case "off":
 		return "", nil
 	case "":
-		u, err := url.Parse(upstream)
+		up, err := proxy.ParseUpstream(upstream)
 		if err != nil {
 			return "", err
 		}
-		p := strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
-		u.Path, u.RawQuery, u.Fragment = p+"/metrics", "", ""
-		return u.String(), nil
+		scheme := "http"
+		if up.TLS {
+			scheme = "https"
+		}
+		return scheme + "://" + up.Host + strings.TrimSuffix(up.Prefix, "/v1") + "/metrics", nil
 	}
 	u, err := url.Parse(flag)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -75,7 +78,8 @@ func startEngineScraper(f engineFlags, upstream string, rec *histo.Recorder, reg
 	return s, func() { cancel(); <-done }, nil
 }
 
-// redactedMsg keeps a URL's credentials out of a log line.
+// redactedMsg keeps a URL's credentials (an --engine-metrics URL may
+// carry some) out of a log line.
 func redactedMsg(msg, u string) string { return strings.ReplaceAll(msg, u, redacted(u)) }
 
 // registerEngineMetrics exports what the scraper read: the engine's own
