@@ -236,3 +236,26 @@ func TestAgreement(t *testing.T) {
 	require.True(t, math.IsNaN(g.OutputRatio), "no output on either side: no ratio")
 	require.True(t, math.IsNaN(g.PrefillRatio))
 }
+
+// TestStopIsNotAFailure: a scrape cut because the scraper is stopping is
+// not logged or counted as the engine's failure.
+func TestStopIsNotAFailure(t *testing.T) {
+	started := make(chan struct{})
+	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-r.Context().Done()
+	}))
+	defer hang.Close()
+	var l logs
+	s := New(Config{URL: hang.URL, Logf: l.logf})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	<-started
+	cancel()
+	<-done
+	st, n, _ := s.Status()
+	require.Equal(t, StateStarting, st)
+	require.Zero(t, n)
+	require.Empty(t, l.all())
+}

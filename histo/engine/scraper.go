@@ -139,8 +139,8 @@ var errAbsent = errors.New("engine: no /metrics")
 
 // Scrape reads the engine once and records the sample. It is what Run
 // calls; tests call it directly.
-func (s *Scraper) Scrape(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+func (s *Scraper) Scrape(parent context.Context) error {
+	ctx, cancel := context.WithTimeout(parent, s.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.URL, nil)
 	if err != nil {
@@ -150,6 +150,9 @@ func (s *Scraper) Scrape(ctx context.Context) error {
 	sent := time.Now()
 	resp, err := s.cfg.Client.Do(req)
 	if err != nil {
+		if parent.Err() != nil {
+			return parent.Err() // stopping: not the engine's failure, nothing to say
+		}
 		return s.fail(err)
 	}
 	at := sent.Add(time.Since(sent) / 2)
