@@ -58,6 +58,7 @@ func parseSimFlags(args []string, stderr io.Writer) (c sim.Config, listen string
 	fs.DurationVar(&c.SwitchCost, "switch-cost", 0, "llama.cpp RAM prompt cache: cost of each save or restore on a slot switch, before the prefill; 0: the engine's (llamacpp 15ms), negative: no RAM cache")
 	fs.Float64Var(&c.ContextSlowdown, "context-slowdown", 0, "prefill cost per new token grows by this fraction per 1,000 tokens of context; 0: the engine's (llamacpp, ollama 0.1), negative: none")
 	fs.TextVar(&c.Metrics, "metrics", sim.MetricsAuto, "GET /metrics form: vllm (vllm:num_requests_running …), llamacpp (llamacpp:requests_processing …), none (404, as ollama) or auto (the engine's)")
+	fs.IntVar(&c.KVCacheTokens, "kv-cache-tokens", 0, "continuous batching: admit a request only while the prompt+completion tokens of those running fit in this KV cache (FCFS, as vLLM); 0: slots only")
 	fs.IntVar(&c.Slots, "slots", 4, "concurrent sequences; more requests wait in a FIFO queue")
 	fs.IntVar(&c.MaxQueue, "max-queue", 64, "requests that may wait for a slot; one more gets 429")
 	fs.Float64Var(&c.PrefillTokensPerSec, "prefill-tps", 7700, "prefill rate of uncached prompt tokens, tokens/s")

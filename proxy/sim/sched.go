@@ -45,8 +45,8 @@ func (s *Server) dispatch() {
 	for len(s.queue) > 0 {
 		t := s.queue[0]
 		k := s.pickSlot(t.hashes)
-		if k < 0 {
-			return
+		if k < 0 || (s.cfg.KVCacheTokens > 0 && s.kvUsed+t.kv > s.cfg.KVCacheTokens) {
+			return // first come first served: nobody passes the head
 		}
 		s.queue[0] = nil
 		s.queue = s.queue[1:]
@@ -154,8 +154,14 @@ func leaveOne(n, blockTokens, promptTokens int) int {
 	return n * blockTokens
 }
 
-// kvCapacity is the KV cache in tokens: the prefix cache's blocks.
-func (s *Server) kvCapacity() int { return s.cfg.CacheBlocks * s.cfg.CacheBlockTokens }
+// kvCapacity is the KV cache in tokens: Config.KVCacheTokens, or the
+// prefix cache's blocks.
+func (s *Server) kvCapacity() int {
+	if s.cfg.KVCacheTokens > 0 {
+		return s.cfg.KVCacheTokens
+	}
+	return s.cfg.CacheBlocks * s.cfg.CacheBlockTokens
+}
 
 // keep records that slot k now holds the prompt blocks hs (CacheSlot), or
 // adds them to the shared cache. The caller holds s.mu.

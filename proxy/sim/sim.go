@@ -28,7 +28,10 @@
 //
 //	queue    waits FIFO until one of Config.Slots is free; with per-slot
 //	         caches (Config.Cache, llama.cpp and ollama) it takes the free
-//	         slot whose last prompt shares the longest prefix with its own
+//	         slot whose last prompt shares the longest prefix with its own;
+//	         with Config.KVCacheTokens (continuous batching, as vLLM's KV
+//	         budget beside max_num_seqs) the head also waits until its prompt
+//	         and completion fit in the KV cache, and everyone behind it waits
 //	switch   with llama.cpp's RAM prompt cache (Config.SwitchCost), a slot
 //	         about to overwrite the prompt it holds saves it first, and a
 //	         longer prefix held in the RAM cache is restored: work before
@@ -108,6 +111,14 @@
 // instant its slot was let go and how long an abandoned prefill ran on — for in-process
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
+//
+// llama.cpp's native POST /completion (alias /completions) takes "prompt",
+// "n_predict" and "stream" and answers as llama-server does: a stream of
+// "data: {"content": …, "stop": false}" objects, then one final object with
+// "stop": true, stop_type ("eos", "limit"), tokens_predicted,
+// tokens_evaluated, tokens_cached and timings — no choices, no usage, no
+// [DONE]; a whole answer is that final object with the whole content.
+// Served whatever Config.Engine, with llama.cpp's timings always.
 //
 // GET /metrics (Config.Metrics) serves the engine's own metrics under its
 // real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
@@ -215,6 +226,17 @@ type Config struct {
 	// llama-server's (llamacpp:…), both beside the sim's own sim_…, or none
 	// (404, as ollama). The zero value is the Engine's.
 	Metrics MetricsForm
+	// KVCacheTokens bounds admission by KV-cache tokens, as vLLM's
+	// continuous batching admits a waiting request only while its blocks
+	// fit: a request reserves its prompt plus its planned completion while
+	// it holds a slot, and the head of the queue waits (with everyone behind
+	// it, first come first served) until its reservation fits, however many
+	// of the Slots (max_num_seqs) are free. A request that could never fit is
+	// answered 400. Reserving the whole completion up front stands for
+	// vLLM's growing allocation without its preemption. 0 means no bound
+	// beyond the Slots; with many slots and a bound this is the
+	// continuous-batching mode.
+	KVCacheTokens int
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -396,6 +418,7 @@ func withDefaults(c Config) (Config, error) {
 		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
 		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
 		{"BatchTokens", &c.BatchTokens, 2048},
+		{"KVCacheTokens", &c.KVCacheTokens, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -448,7 +471,8 @@ func withDefaults(c Config) (Config, error) {
 
 // ServeHTTP serves the inference API:
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
+//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
+//	     /completion and /completions (llama.cpp's native protocol)
 //	GET  /v1/models, /health, /metrics (in Config.Metrics form)
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
@@ -464,6 +488,8 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/completions", s.generation(newCompletion)},
 		{"POST", "/v1/responses", s.generation(newResponses)},
 		{"POST", "/v1/messages", s.generation(newMessages)},
+		{"POST", "/completion", s.generation(newNative)},
+		{"POST", "/completions", s.generation(newNative)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
 		{"GET", "/metrics", s.metrics.ServeHTTP},
