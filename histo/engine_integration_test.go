@@ -3,6 +3,7 @@ package histo_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -118,4 +119,53 @@ func TestEngineMetricsAbsent(t *testing.T) {
 	require.Equal(t, histo.Count(-1), rq.Engine.WaitingAtAdmit)
 	require.Equal(t, histo.Count(-1), rq.Engine.RunningAtAdmit)
 	require.False(t, rq.Engine.Prefill.Known(), "ollama's OpenAI routes report no timings")
+}
+
+// TestLlamaNativeRoutesThroughProxy: the sim's llama.cpp native routes
+// behind the proxy, streamed and whole: each a complete request (not
+// truncated), with TTFT, the engine's token counts and cache hit, and
+// llama.cpp's own prefill beside the proxy's, holding the engine's truth.
+func TestLlamaNativeRoutesThroughProxy(t *testing.T) {
+	engineSrv, up := simServer(t, sim.Config{Engine: sim.EngineLlamaCpp, Slots: 1, PrefillTokensPerSec: 2e4, DecodeTokensPerSec: 500})
+	s := newStack(t, up, proxy.Config{}, histo.Config{})
+	prompt := strings.Repeat("the same long prefix of a coding agent's prompt ", 40)
+	for i, tc := range []struct {
+		path   string
+		stream bool
+	}{{"/completion", true}, {"/completions", true}, {"/completion", false}, {"/completions", true}} {
+		id := fmt.Sprintf("native-%d", i)
+		body := fmt.Sprintf(`{"prompt":%q,"n_predict":12,"stream":%v}`, prompt+fmt.Sprint(i), tc.stream)
+		req, err := http.NewRequest(http.MethodPost, s.base+tc.path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("X-Request-Id", id)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+
+		rq := s.last(t, i+1)
+		truth, ok := engineSrv.Truth(id)
+		require.True(t, ok)
+		require.Equal(t, "llama_completion", rq.Route, tc.path)
+		require.False(t, rq.Failed, "%s stream=%v: ended by \"stop\": true", tc.path, tc.stream)
+		require.False(t, rq.Truncated)
+		require.Equal(t, tc.stream, rq.Stream)
+		require.True(t, rq.UsageSeen)
+		require.EqualValues(t, truth.PromptTokens, rq.PromptTokens)
+		require.EqualValues(t, truth.CompletionTokens, rq.OutputTokens)
+		require.Equal(t, "usage", rq.OutputTokenSource)
+		require.EqualValues(t, truth.CachedTokens, rq.CachedTokens, "timings.cache_n")
+		require.EqualValues(t, truth.CachedTokens, rq.Engine.CachedTokens)
+		require.EqualValues(t, truth.PromptTokens-truth.CachedTokens, rq.Engine.PromptEval, "timings.prompt_n")
+		require.True(t, rq.Engine.Prefill.Known())
+		require.InDelta(t, truth.Prefill.Seconds()*1e3, rq.Engine.Prefill.Millis(), 1, "timings.prompt_ms is the engine's prefill")
+		if tc.stream {
+			require.True(t, rq.TTFT.Known(), "TTFT of a native stream")
+		}
+		if i > 0 {
+			require.Positive(t, int64(rq.CachedTokens), "the shared prefix was a cache hit")
+		}
+	}
 }
