@@ -35,6 +35,7 @@ func adminMux(st *stack, token string) http.Handler {
 	st.rec.Register(mux)
 	mux.Handle("GET /snapshot", st.snaps.Handler())
 	mux.Handle("GET /status", st.statusHandler())
+	mux.Handle("GET /diff", st.diffHandler())
 	mux.Handle("GET /readyz", st.health.readyHandler(token))
 	dashboard.Register(mux)
 	mis := newMisdirected(st, st.tap.log)
@@ -44,7 +45,7 @@ func adminMux(st *stack, token string) http.Handler {
 	if token == "" {
 		return mux
 	}
-	return requireToken(mux, token, "/requests", "/snapshot", "/status")
+	return requireToken(mux, token, "/requests", "/snapshot", "/status", "/diff")
 }
 
 // requireToken answers 401 to a request for one of paths that does not
@@ -91,6 +92,11 @@ func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, sto
 		WriteTimeout:      adminWriteTimeout,
 		IdleTimeout:       adminIdleTimeout,
 		ErrorLog:          zap.NewStdLog(log.Named("admin")),
+		// At the bound, a connection waiting for a request is closed to make
+		// room (GuardListener): idle clients cannot lock the probes out.
+		ConnState: func(c net.Conn, s http.ConnState) {
+			proxy.MarkIdle(c, s == http.StateNew || s == http.StateIdle)
+		},
 	}
 	go func() {
 		if err := hs.Serve(proxy.GuardListener(ln, maxAdminConns, &adminStats, log)); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"net"
 	"net/http"
@@ -12,6 +14,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
 // silentUpstream accepts connections and never answers: the start probe
@@ -151,4 +157,150 @@ func TestAdminPortMisdirected(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, "the admin endpoints are untouched")
 	code, _ = get(t, st.adminURL+"/nothing")
 	require.Equal(t, http.StatusNotFound, code)
+}
+
+// screen is a minimal terminal of width columns: text with autowrap,
+// "\n", ESC[nA (cursor up) and ESC[2K (erase line); what refresh sends.
+type screen struct {
+	width, row, col int
+	rows            []string
+}
+
+func (s *screen) Write(p []byte) (int, error) {
+	for i := 0; i < len(p); i++ {
+		for s.row >= len(s.rows) {
+			s.rows = append(s.rows, "")
+		}
+		switch {
+		case p[i] == '\n':
+			s.row, s.col = s.row+1, 0
+		case p[i] == 0x1b:
+			j := i + 2
+			for j < len(p) && p[j] >= '0' && p[j] <= '9' {
+				j++
+			}
+			n := 1
+			if j > i+2 {
+				n = 0
+				for _, c := range p[i+2 : j] {
+					n = 10*n + int(c-'0')
+				}
+			}
+			switch p[j] {
+			case 'A':
+				s.row = max(0, s.row-n)
+			case 'K':
+				s.rows[s.row] = ""
+			}
+			i = j
+		default:
+			if s.col == s.width {
+				s.row, s.col = s.row+1, 0
+				for s.row >= len(s.rows) {
+					s.rows = append(s.rows, "")
+				}
+			}
+			r := []byte(s.rows[s.row])
+			for len(r) < s.col {
+				r = append(r, ' ')
+			}
+			s.rows[s.row] = string(append(r[:s.col], p[i]))
+			s.col++
+		}
+	}
+	return len(p), nil
+}
+
+// used is the number of rows with text.
+func (s *screen) used() int {
+	n := 0
+	for _, r := range s.rows {
+		if strings.TrimSpace(r) != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestTopRedrawsInPlace: on a terminal, a table or an error wider than the
+// terminal is redrawn in place, not appended row by row (issue 27, 9).
+func TestTopRedrawsInPlace(t *testing.T) {
+	long := errors.New("no answer from http://127.0.0.1:9464/status: dial tcp 127.0.0.1:9464: connect: connection refused (is anvilproxy serving there? --admin-listen sets the address)")
+	scr := &screen{width: defaultWidth}
+	get := func() (liveStatus, error) { return liveStatus{}, long }
+	refresh(context.Background(), scr, true, time.Millisecond, 5, get, topRender)
+	require.Equal(t, 3, scr.used(), "one error, three rows, redrawn five times:\n%s", strings.Join(scr.rows, "\n"))
+
+	scr = &screen{width: defaultWidth}
+	n := 0
+	table := func() (liveStatus, error) {
+		n++
+		if n%2 == 0 {
+			return liveStatus{}, long
+		}
+		return liveStatus{Requests: 1234, Recent: recentStats{Seconds: 15}, SLOs: "ttft=3s,tpot=50ms"}, nil
+	}
+	refresh(context.Background(), scr, true, time.Millisecond, 4, table, topRender)
+	for _, r := range scr.rows {
+		require.LessOrEqual(t, len(r), defaultWidth-1)
+	}
+	require.LessOrEqual(t, scr.used(), 9, "the table's rows, no leftovers:\n%s", strings.Join(scr.rows, "\n"))
+	require.Contains(t, strings.Join(scr.rows, "\n"), "no answer from", "the newest draw is the error")
+}
+
+// TestStatusNamesItsWindows: /status says which window each figure covers:
+// the counts and amplification since start (attempts per logical request
+// over every request, not the retry tracker's last --retry-window), the
+// percentiles over the recent span, and the snapshot window in progress
+// with its length (issue 27, 5).
+func TestStatusNamesItsWindows(t *testing.T) {
+	st, _ := startStackFor(t, "sim", func(f *serveFlags) { f.snapshot.Interval = 90 * time.Second })
+	for range 3 {
+		st.chat(t) // one body three times: two retries
+	}
+	require.Eventually(t, func() bool { return st.tap.outcomes.requests.Load() == 3 }, 5*time.Second, 10*time.Millisecond)
+	s := st.status(time.Now())
+	require.Equal(t, 90.0, s.SnapshotWindow.Seconds)
+	require.GreaterOrEqual(t, s.SnapshotWindow.Elapsed, 0.0)
+	require.Less(t, s.SnapshotWindow.Elapsed, 90.0)
+	require.InDelta(t, 3.0, float64(s.Amplification), 1e-9)
+	rs := st.proxy.Retries().Stats()
+	require.Equal(t, float64(rs.Attempts)/float64(rs.Logical), float64(s.Amplification))
+	block := strings.Join(s.block("0:01"), "\n")
+	require.Contains(t, block, "since start: 3 requests")
+	require.Contains(t, block, "since start  goodput")
+	require.Regexp(t, `last \d+s +\S+ req/s   cache hit`, block)
+}
+
+// TestBaselineDiffEndpoint: with --baseline, /diff compares the window in
+// progress against it as "anvilproxy diff" does; without one it is 404; a
+// baseline that cannot be read stops the start.
+func TestBaselineDiffEndpoint(t *testing.T) {
+	base := simSnapshots(t, 20, 3000)
+	st, _ := startStackFor(t, "sim", func(f *serveFlags) {
+		f.baseline = base
+		f.sim = sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 1000}
+	})
+	for range 20 {
+		st.chat(t)
+	}
+	code, body := get(t, st.adminURL+"/diff")
+	require.Equal(t, http.StatusOK, code, body)
+	var d snapshot.Diff
+	require.NoError(t, json.Unmarshal([]byte(body), &d))
+	require.Equal(t, int64(20), d.Baseline.Completed)
+	require.Equal(t, int64(20), d.Current.Completed)
+	require.Contains(t, d.Verdict, "decode slower")
+	require.Len(t, d.Rows, len(snapshot.DiffRowNames))
+
+	plain, _ := startStackFor(t, "sim")
+	code, _ = get(t, plain.adminURL+"/diff")
+	require.Equal(t, http.StatusNotFound, code)
+
+	var f serveFlags
+	f.register(flag.NewFlagSet("serve", flag.ContinueOnError))
+	f.listen, f.adminListen, f.baseline = "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
+	_, err := startStack(&f, zap.NewNop())
+	require.ErrorContains(t, err, "--baseline: ")
+	require.ErrorContains(t, err, "a directory with no snapshot files")
 }

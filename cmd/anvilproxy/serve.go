@@ -40,6 +40,7 @@ type serveFlags struct {
 	shutdownGrace time.Duration
 	models        string
 	slos          sloFlag
+	baseline      string
 	cfg           proxy.Config
 	histo         histo.Config
 	snapshot      snapshot.Config
@@ -86,11 +87,12 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "file of flag=value lines, one flag per line, # comments (configs/anvilproxy.example.conf lists every flag); flags on the command line override it")
 	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
 	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: the dashboard at /, /metrics, /snapshot, /requests, /status, /healthz, /readyz (separate from --listen so no upstream path is shadowed); empty disables it")
-	fs.StringVar(&f.adminToken, "admin-token", "", "when set, /requests, /snapshot and /status answer only requests with \"Authorization: Bearer TOKEN\" (open the dashboard as /#token=TOKEN); /metrics, /healthz and /readyz stay open for scrapers and probes")
+	fs.StringVar(&f.adminToken, "admin-token", "", "when set, /requests, /snapshot, /status and /diff answer only requests with \"Authorization: Bearer TOKEN\" (open the dashboard as /#token=TOKEN); /metrics, /healthz and /readyz stay open for scrapers and probes")
 	fs.DurationVar(&f.snapshot.Interval, "snapshot-interval", snapshot.DefaultInterval, "length of a measurement window (rolling goodput; one snapshot file per window with --snapshot-dir)")
 	fs.StringVar(&f.snapshot.Dir, "snapshot-dir", "", "directory for one anvil-serving.benchmark/v1 snapshot file per window, written atomically (one proxy per directory); empty writes none")
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
 	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
+	fs.StringVar(&f.baseline, "baseline", "", "snapshot file or directory (several joined with commas) the dashboard compares the window in progress against, as anvilproxy diff does (admin /diff)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
 	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 0, "a hint of the upstream engine's concurrent sequences for the queue/prefill split; 0: learn it from observation (evidence overrides a hint, with a warning)")
 	f.engine.register(fs)
@@ -162,16 +164,18 @@ func runServe(args []string, stderr io.Writer) error {
 // snapshot Writer (started), the admin listener (serving) and, with
 // --upstream sim, the embedded engine.
 type stack struct {
-	proxy    *proxy.Proxy
-	ln       net.Listener // the data listener; the caller serves it
-	reg      *prometheus.Registry
-	rec      *histo.Recorder
-	snaps    *snapshot.Writer
-	tap      *tap            // between the proxy and rec: outcomes, reachability, hints
-	health   *upstreamHealth // /readyz
-	upstream string          // the upstream in use: the embedded engine's URL with --upstream sim
-	started  time.Time
-	slos     string // --slo, in flag form
+	proxy     *proxy.Proxy
+	ln        net.Listener // the data listener; the caller serves it
+	reg       *prometheus.Registry
+	rec       *histo.Recorder
+	snaps     *snapshot.Writer
+	tap       *tap            // between the proxy and rec: outcomes, reachability, hints
+	health    *upstreamHealth // /readyz
+	upstream  string          // the upstream in use: the embedded engine's URL with --upstream sim
+	started   time.Time
+	slos      string             // --slo, in flag form
+	baseline  *snapshot.Document // --baseline, merged; nil without one (read-only)
+	snapEvery time.Duration      // --snapshot-interval: the snapshot window's length
 
 	proxyURL, adminURL string // http://host:port; adminURL is "" without an admin listener
 	adminAddr          string // the admin listener's bound address; "" without one
@@ -182,7 +186,13 @@ type stack struct {
 // startStack builds the stack that f describes. On error, whatever it
 // started is stopped again.
 func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
-	st := &stack{started: time.Now(), slos: f.slos.String()}
+	st := &stack{started: time.Now(), slos: f.slos.String(), snapEvery: f.snapshot.Interval}
+	if st.snapEvery <= 0 {
+		st.snapEvery = snapshot.DefaultInterval
+	}
+	if st.baseline, err = loadBaseline(f.baseline); err != nil {
+		return nil, fmt.Errorf("--baseline: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			st.stop()
@@ -190,6 +200,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}()
 	cfg := f.cfg
 	cfg.Upstream = f.upstream
+	setMemoryLimit(cfg, log)
 	if f.models != "" {
 		cfg.Models = strings.Split(f.models, ",")
 	}
@@ -321,6 +332,11 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		os.Exit(1)
 	}()
 	err := srv.ShutdownWithContext(ctx)
+	if err == nil {
+		// fasthttp stops counting a connection once it is hijacked: the
+		// tunnels and HTTP/1.0 streams are waited for here, within the grace.
+		err = waitDrained(ctx, p)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		abortInflight(p, log)
 		return nil
@@ -355,6 +371,21 @@ func secondSignal(sigc <-chan os.Signal, first time.Time, echoEnd <-chan time.Ti
 		<-sigc
 		return
 	}
+}
+
+// waitDrained waits until every request in flight has recorded its Trace,
+// or ctx ends.
+func waitDrained(ctx context.Context, p *proxy.Proxy) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for p.Inflight() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // abortDrain bounds the wait, after Abort, for the cut requests to record

@@ -44,7 +44,7 @@ console.log(d.driftRows([{at: "2026-01-01T00:00:03Z"}, {at: "2026-01-01T00:00:01
 		"0, 200ms, 400ms",
 		"0, 1.25ms, 2.50ms",
 		"0, 5m, 10m, 15m, 20m",
-		"5 requests, 4 failed (1 abandoned, 2 refused, 1 errors)",
+		"5 requests, 4 failed (1 abandoned, 2 refused, 1 error)",
 		"1 request, 0 failed",
 		`{"big":"1.33×","pairs":[["engine","llamacpp"],["running","1"],["waiting","2"],["KV cache","–"],["prompt tok engine / proxy","24 / 18 (1.33×)"],["output tok engine / proxy","120 / 100 (1.20×)"],["prefill s engine / proxy","0.01 / 0.01 (–)"]]}`,
 		`{"empty":"the engine exports no /metrics (ollama; llama-server without --metrics)"}{"empty":"not scraped: --engine-metrics is off"}`,

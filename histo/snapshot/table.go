@@ -125,7 +125,7 @@ func hangingIndent(l string) int {
 }
 
 // breakAt is the byte offset to break l at so that the first part is at
-// most width runes: after the last "; " or ", " in the second half of
+// most width runes: after the last "; " or ", " in the last fifth of
 // the line, else after the last space.
 func breakAt(l string, width int) int {
 	limit := len(l)
@@ -134,7 +134,7 @@ func breakAt(l string, width int) int {
 	}
 	head := l[:limit]
 	for _, sep := range []string{"; ", ", "} {
-		if i := strings.LastIndex(head, sep); i > limit/2 {
+		if i := strings.LastIndex(head, sep); i > limit*4/5 {
 			return i + len(sep)
 		}
 	}
