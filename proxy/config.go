@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/url"
@@ -76,6 +77,10 @@ type Config struct {
 	PreserveHost bool
 	// InsecureSkipVerify skips TLS verification of an https upstream.
 	InsecureSkipVerify bool
+	// UpstreamRootCAs, when set, are the certificate authorities an https
+	// upstream's certificate is verified against instead of the system's
+	// (a private CA; the tests' own). There is no flag for it.
+	UpstreamRootCAs *x509.CertPool
 	// Models is the allowlist of model labels; others are labelled "other".
 	// Empty means the first MaxModels names seen are learned.
 	Models []string

@@ -126,6 +126,7 @@ func (p *Proxy) Server() *fasthttp.Server {
 		Handler:        p.Handle,
 		ErrorHandler:   p.handleReadError,
 		ExpectHandler:  p.expect,
+		ConnState:      p.pool.clientGone, // an idle upstream connection dies with its client's
 		ReadTimeout:    p.cfg.ReadTimeout,
 		IdleTimeout:    2 * time.Minute,
 		ReadBufferSize: p.cfg.MaxHeaderBytes,
@@ -168,6 +169,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	p.inflight.Add(1)
 	r.counted = true
 	defer p.recoverHandle(ctx, r)
+	flushEachResponse(ctx)
 
 	if badFraming(&ctx.Request.Header) {
 		p.refuse(ctx, r, refuseFraming)
