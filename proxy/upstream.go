@@ -39,7 +39,7 @@ const upstreamBufSize = 16 << 10
 // idle one first. A pool is safe for concurrent use.
 type pool struct {
 	cfg   *Config
-	up    upstream
+	up    Upstream
 	tls   *tls.Config // nil for a plain upstream
 	stats *Stats
 	sem   chan struct{} // one token per connection in use: bounds busy connections
@@ -52,12 +52,12 @@ type pool struct {
 	closed  bool // abortAll ran: idle connections are no longer kept
 }
 
-func newPool(cfg *Config, up upstream, stats *Stats) *pool {
+func newPool(cfg *Config, up Upstream, stats *Stats) *pool {
 	p := &pool{cfg: cfg, up: up, stats: stats, sem: make(chan struct{}, cfg.MaxUpstreamConns),
 		idle: map[net.Conn]*upConn{}, busy: map[*upConn]struct{}{}}
-	if up.tls {
+	if up.TLS {
 		p.tls = &tls.Config{ //nolint:gosec // InsecureSkipVerify is an opt-in flag
-			ServerName:         up.hostname,
+			ServerName:         up.Hostname,
 			InsecureSkipVerify: cfg.InsecureSkipVerify,
 			RootCAs:            cfg.UpstreamRootCAs,
 		}
@@ -301,7 +301,7 @@ func (e *dialError) Unwrap() error { return e.err }
 
 func (p *pool) dial() (*upConn, error) {
 	start := time.Now()
-	raw, err := fasthttp.DialTimeout(p.up.addr, p.cfg.DialTimeout)
+	raw, err := fasthttp.DialTimeout(p.up.Addr, p.cfg.DialTimeout)
 	if err != nil {
 		return nil, &dialError{err}
 	}
@@ -579,6 +579,7 @@ type Stats struct {
 	AcceptErrors  atomic.Uint64 // accept failures on the data listener (EMFILE, ENFILE, ENOBUFS, …)
 	UpstreamDials atomic.Uint64 // upstream connections opened (TCP connected; the TLS handshake may still fail)
 	ConnsRefused  atomic.Uint64 // client connections over --max-conns, answered 503 and closed
+	IdleClosed    atomic.Uint64 // idle keep-alive client connections closed to make room under --max-conns
 }
 
 func (s *Stats) redial(r Redial) { s.redials[r].Add(1) }
