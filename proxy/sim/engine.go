@@ -37,7 +37,9 @@ type job struct {
 	arrived   time.Time
 	bodyHash  uint64
 	hashes    []uint64 // the prompt's prefix-cache block hashes
-	knobs     knobs
+	// promptTokens is len(prompt)/BytesPerToken, at least 1.
+	promptTokens int
+	knobs        knobs
 	// hideCached: the usage reports no cached tokens (Config.UnreportedCache
 	// or X-Sim-Report-Cached: false); the cache still cuts prefill.
 	hideCached bool
@@ -77,15 +79,22 @@ type result struct {
 	reasoningTokens  int
 
 	queue   time.Duration // arrival to slot
-	prefill time.Duration // slot to first token
+	prefill time.Duration // prefill start to first token
 	decode  time.Duration // first token to latest token
 
-	slot       int       // the slot held; -1 until admitted
-	admitted   time.Time // slot acquired; zero until then
-	firstToken time.Time // end of prefill; zero until then
-	lastToken  time.Time // the latest output event went out; zero until then
-	head       time.Time // the response head left; zero until then
-	released   time.Time // the slot was let go; zero until then
+	slot     int       // the slot held; -1 until admitted
+	admitted time.Time // slot acquired; zero until then
+	// prefillStart is when the prefill proper starts: admitted plus the
+	// work before it (prePrefill); zero until admitted.
+	prefillStart time.Time
+	firstToken   time.Time // end of prefill; zero until then
+	lastToken    time.Time // the latest output event went out; zero until then
+	head         time.Time // the response head left; zero until then
+	left         time.Time // the engine noticed the client left during prefill; zero if not
+	// abandoned is how long the slot stayed busy after left: the prefill
+	// work the engine finished anyway (Config.Abandon).
+	abandoned time.Duration
+	released  time.Time // the slot was let go; zero until then
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -185,32 +194,24 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 		out.head(res)
 	}
 
-	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	res.promptTokens = j.promptTokens
 	s.mu.Lock()
-	res.cachedTokens = s.reuse(t.slot, j.hashes, res.promptTokens)
+	work := s.prePrefill(t.slot, j.hashes, res)
 	s.stats.PromptTokens += int64(res.promptTokens)
 	s.stats.CachedTokens += int64(res.cachedTokens)
 	s.mu.Unlock()
 
-	prefill := j.knobs.prefill
-	if prefill < 0 {
-		prefill = prefillOverhead + perRate(res.promptTokens-res.cachedTokens, s.cfg.PrefillTokensPerSec)
+	res.prefillStart = admitted.Add(work)
+	if err := s.prefill(ctx, timer, j, res, t.slot, res.prefillStart); err != nil {
+		return res, err
 	}
-	if err := sleepUntil(ctx, timer, admitted.Add(prefill)); err != nil {
-		if s.cfg.Cache == CacheSlot {
-			s.mu.Lock()
-			// The slot's old prompt is overwritten from the match on.
-			s.keep(t.slot, j.hashes[:res.cachedTokens/s.cfg.CacheBlockTokens])
-			s.mu.Unlock()
-		}
-		return res, s.abort(j, res, PhasePrefill)
-	}
-	s.mu.Lock()
-	s.keep(t.slot, j.hashes)
-	s.mu.Unlock()
 	start := time.Now()
 	res.firstToken = start
-	res.prefill = start.Sub(admitted)
+	res.prefill = start.Sub(res.prefillStart)
+	s.mu.Lock()
+	s.keep(t.slot, j.hashes)
+	s.counters.countPrefill(res)
+	s.mu.Unlock()
 
 	if err := out.start(res); err != nil {
 		return res, s.abort(j, res, PhaseDecode)

@@ -65,7 +65,14 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		return
 	}
 	j.hashes = s.cache.hashes(j.prompt)
-	t, ok := s.enqueue(j.hashes)
+	j.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	kv := j.promptTokens + j.maxTokens
+	if s.cfg.KVCacheTokens > 0 && kv > s.cfg.KVCacheTokens {
+		s.reject(w, p, http.StatusBadRequest,
+			fmt.Sprintf("sim: prompt and completion (%d tokens) exceed the KV cache (%d tokens)", kv, s.cfg.KVCacheTokens))
+		return
+	}
+	t, ok := s.enqueue(j.hashes, kv)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
 			fmt.Sprintf("sim: queue full: %d requests wait for %d slots", s.cfg.MaxQueue, s.cfg.Slots))

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"slices"
+	"time"
 )
 
 // Engine is the real engine the simulator behaves like: it chooses the
@@ -16,6 +17,10 @@ import (
 //	Head      admission          slot start        first output
 //	Head      admission          slot start        first output
 //	Timings   none               llamacpp          none
+//	Abandon   stop               batch (2,048)     whole prompt
+//	SwitchCost no RAM cache      15 ms             no RAM cache
+//	ContextSlowdown 0            0.1 per 1k        0.1 per 1k
+//	Metrics   vllm:…             llamacpp:…        none (404)
 //	cached    reported           reported          never reported
 type Engine int
 
@@ -164,17 +169,24 @@ type persona struct {
 	release    ReleaseMode
 	head       HeadMode
 	timings    TimingMode
+	abandon    AbandonMode
+	switchCost time.Duration
+	slowdown   float64
+	metrics    MetricsForm
 	hideCached bool
 }
 
 func (e Engine) persona() persona {
 	switch e {
 	case EngineLlamaCpp:
-		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadSlotStart, timings: TimingLlamaCpp}
+		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadSlotStart, timings: TimingLlamaCpp,
+			abandon: AbandonBatch, switchCost: 15 * time.Millisecond, slowdown: 0.1, metrics: MetricsLlamaCpp}
 	case EngineOllama:
-		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadFirstOutput, timings: TimingNone, hideCached: true}
+		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadFirstOutput, timings: TimingNone,
+			abandon: AbandonPrompt, switchCost: -1, slowdown: 0.1, metrics: MetricsNone, hideCached: true}
 	}
-	return persona{cache: CacheShared, release: ReleaseLastToken, head: HeadAdmission, timings: TimingNone}
+	return persona{cache: CacheShared, release: ReleaseLastToken, head: HeadAdmission, timings: TimingNone,
+		abandon: AbandonStop, switchCost: -1, metrics: MetricsVLLM}
 }
 
 // applyPersona fills the knobs left at their zero value from c.Engine.
@@ -182,9 +194,10 @@ func applyPersona(c *Config) error {
 	if !engineNames.valid(c.Engine) {
 		return fmt.Errorf("sim: unknown Engine %d", int(c.Engine))
 	}
-	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) || !headNames.valid(c.Head) || !timingNames.valid(c.Timings) {
-		return fmt.Errorf("sim: unknown Cache %d, Release %d, Head %d or Timings %d",
-			int(c.Cache), int(c.Release), int(c.Head), int(c.Timings))
+	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) || !headNames.valid(c.Head) ||
+		!timingNames.valid(c.Timings) || !abandonNames.valid(c.Abandon) || !metricsNames.valid(c.Metrics) {
+		return fmt.Errorf("sim: unknown Cache %d, Release %d, Head %d, Timings %d or Abandon %d",
+			int(c.Cache), int(c.Release), int(c.Head), int(c.Timings), int(c.Abandon))
 	}
 	p := c.Engine.persona()
 	if c.Cache == CacheAuto {
@@ -198,6 +211,18 @@ func applyPersona(c *Config) error {
 	}
 	if c.Timings == TimingAuto {
 		c.Timings = p.timings
+	}
+	if c.Abandon == AbandonAuto {
+		c.Abandon = p.abandon
+	}
+	if c.SwitchCost == 0 {
+		c.SwitchCost = p.switchCost
+	}
+	if c.ContextSlowdown == 0 {
+		c.ContextSlowdown = p.slowdown
+	}
+	if c.Metrics == MetricsAuto {
+		c.Metrics = p.metrics
 	}
 	c.UnreportedCache = c.UnreportedCache || p.hideCached
 	return nil

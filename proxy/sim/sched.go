@@ -10,12 +10,14 @@ type slot struct {
 	// prefilled before an abandoned prefill stopped.
 	resident []uint64
 	lastUsed uint64 // grant sequence number of its latest holder, for LRU ties
+	kv       int    // KV tokens its holder reserved
 }
 
 // ticket is a request's place in admission: it waits in the FIFO queue
 // until dispatch grants it a slot.
 type ticket struct {
 	hashes []uint64      // the prompt's block hashes, for the slot choice
+	kv     int           // KV-cache tokens it reserves while it holds a slot
 	ready  chan struct{} // closed when granted
 	// Guarded by Server.mu:
 	granted bool
@@ -25,13 +27,13 @@ type ticket struct {
 // enqueue puts a request with prompt block hashes in the queue and grants
 // it a slot at once when one is free; false means the queue is full and the
 // request must be answered 429.
-func (s *Server) enqueue(hashes []uint64) (*ticket, bool) {
+func (s *Server) enqueue(hashes []uint64, kv int) (*ticket, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.queue) >= s.cfg.MaxQueue {
 		return nil, false
 	}
-	t := &ticket{hashes: hashes, ready: make(chan struct{})}
+	t := &ticket{hashes: hashes, kv: kv, ready: make(chan struct{})}
 	s.queue = append(s.queue, t)
 	s.dispatch()
 	return t, true
@@ -43,14 +45,16 @@ func (s *Server) dispatch() {
 	for len(s.queue) > 0 {
 		t := s.queue[0]
 		k := s.pickSlot(t.hashes)
-		if k < 0 {
-			return
+		if k < 0 || (s.cfg.KVCacheTokens > 0 && s.kvUsed+t.kv > s.cfg.KVCacheTokens) {
+			return // first come first served: nobody passes the head
 		}
 		s.queue[0] = nil
 		s.queue = s.queue[1:]
 		s.grants++
 		s.slots[k].busy = true
 		s.slots[k].lastUsed = s.grants
+		s.slots[k].kv = t.kv
+		s.kvUsed += t.kv
 		s.active++
 		t.granted, t.slot = true, k
 		close(t.ready)
@@ -125,6 +129,7 @@ func (s *Server) release(k int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.slots[k].busy = false
+	s.kvUsed -= s.slots[k].kv
 	s.active--
 	s.dispatch()
 }
@@ -147,6 +152,15 @@ func leaveOne(n, blockTokens, promptTokens int) int {
 		n--
 	}
 	return n * blockTokens
+}
+
+// kvCapacity is the KV cache in tokens: Config.KVCacheTokens, or the
+// prefix cache's blocks.
+func (s *Server) kvCapacity() int {
+	if s.cfg.KVCacheTokens > 0 {
+		return s.cfg.KVCacheTokens
+	}
+	return s.cfg.CacheBlocks * s.cfg.CacheBlockTokens
 }
 
 // keep records that slot k now holds the prompt blocks hs (CacheSlot), or

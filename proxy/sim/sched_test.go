@@ -101,6 +101,8 @@ func TestLongestPrefixSlot(t *testing.T) {
 		cfg := fast()
 		cfg.Engine = EngineLlamaCpp
 		cfg.Slots = 3
+		cfg.Abandon = AbandonStop // the holder's hour of prefill ends when it leaves
+		cfg.SwitchCost = -1       // no RAM prompt cache: only the slots hold prompts
 		v := startVirtual(t, cfg)
 		send := func(id string, body map[string]any, headers ...string) {
 			resp := v.post(t, context.Background(), "/v1/chat/completions", body, append([]string{"X-Request-Id", id}, headers...)...)
@@ -364,5 +366,55 @@ func TestTGIHeaders(t *testing.T) {
 
 		stream := v.post(t, context.Background(), "/v1/chat/completions", chatBody(true, false))
 		require.Empty(t, stream.Header.Get("x-queue-time"), "TGI reports them on whole responses only")
+	})
+}
+
+// TestKVBudget is continuous batching: sixteen slots, but a 1,000-token KV
+// cache. Two 364-token requests run; the third waits with free slots until
+// one ends, and a small fourth behind it waits too (first come first
+// served); one that could never fit is answered 400.
+func TestKVBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Slots = 16
+		cfg.KVCacheTokens = 1000
+		v := startVirtual(t, cfg)
+		big := func(key string) map[string]any { return longPrompt(key, 300, true) } // +64 completion
+		var wg sync.WaitGroup
+		for i, id := range []string{"b0", "b1", "b2", "small"} {
+			body := big(id)
+			if id == "small" {
+				body = longPrompt(id, 30, true)
+			}
+			delete(body, "max_tokens") // the natural 64 tokens
+			headers := []string{"X-Request-Id", id, "X-Sim-Event-Gap", "10ms"}
+			if i < 2 {
+				headers = append(headers, "X-Sim-Prefill", fmt.Sprintf("%dms", 100*(i+1)))
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				req := mustRequest(t, context.Background(), "http://sim/v1/chat/completions", body, headers...)
+				if resp, err := v.client.Do(req); err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			synctest.Wait()
+		}
+		st := v.s.Stats()
+		require.Equal(t, 2, st.Active)
+		require.Equal(t, 2, st.Queued, "the third waits with 14 slots free, the small one behind it")
+		require.Equal(t, 728, st.KVTokens)
+		wg.Wait()
+
+		b0, b2, small := truthOf(t, v.s, "b0"), truthOf(t, v.s, "b2"), truthOf(t, v.s, "small")
+		require.Equal(t, b0.Released, b2.Admitted, "admitted when b0's tokens are freed")
+		require.Equal(t, b2.Admitted, small.Admitted, "the small one right after it, both fitting then")
+
+		huge := longPrompt("huge", 990, false)
+		delete(huge, "max_tokens")
+		resp := v.post(t, context.Background(), "/v1/chat/completions", huge)
+		require.Equal(t, http.StatusBadRequest, resp.StatusCode)
 	})
 }

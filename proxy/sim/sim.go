@@ -28,8 +28,17 @@
 //
 //	queue    waits FIFO until one of Config.Slots is free; with per-slot
 //	         caches (Config.Cache, llama.cpp and ollama) it takes the free
-//	         slot whose last prompt shares the longest prefix with its own
-//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms
+//	         slot whose last prompt shares the longest prefix with its own;
+//	         with Config.KVCacheTokens (continuous batching, as vLLM's KV
+//	         budget beside max_num_seqs) the head also waits until its prompt
+//	         and completion fit in the KV cache, and everyone behind it waits
+//	switch   with llama.cpp's RAM prompt cache (Config.SwitchCost), a slot
+//	         about to overwrite the prompt it holds saves it first, and a
+//	         longer prefix held in the RAM cache is restored: work before
+//	         the prefill that is neither queue nor this prompt's prefill
+//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms;
+//	         with Config.ContextSlowdown (llama.cpp, ollama) each new token
+//	         costs more the more context it attends to
 //	decode   the first token comes out at the end of prefill; after it, the
 //	         event that ends at completion token i is due i−1 tokens later at
 //	         DecodeTokensPerSec, scheduled from the decode start so that timing
@@ -57,8 +66,11 @@
 // A client that goes away is noticed through the request context, which
 // net/http cancels when the connection closes even while the handler sleeps
 // (as vLLM notices a disconnect during prefill): the request leaves the queue
-// or stops prefill or decode at once, and the abort is counted in Stats and
-// sent on Aborts.
+// or stops decode at once, and the abort is counted in Stats and sent on
+// Aborts at once. A prefill runs on as Config.Abandon says: vLLM stops at
+// once, llama.cpp finishes the 2,048-token batch it is on, ollama the whole
+// prompt; the slot stays busy for nobody meanwhile, and what was prefilled
+// stays in the slot's cache.
 //
 // Prompt tokens are len(prompt text)/BytesPerToken (at least 1). The prompt
 // text is: the tools JSON as sent, then "role\ncontent\n" per message in order
@@ -94,10 +106,26 @@
 // drops the connection mid-body.
 //
 // The engine records the truth of every request it admitted — its true
-// queue wait, the slot it held, prefill time, the cached tokens it used,
-// its last token and the instant its slot was let go — for in-process
+// queue wait, the slot it held, the work before its prefill, prefill
+// time, the cached tokens it used, when its head left, its last token, the
+// instant its slot was let go and how long an abandoned prefill ran on — for in-process
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
+//
+// llama.cpp's native POST /completion (alias /completions) takes "prompt",
+// "n_predict" and "stream" and answers as llama-server does: a stream of
+// "data: {"content": …, "stop": false}" objects, then one final object with
+// "stop": true, stop_type ("eos", "limit"), tokens_predicted,
+// tokens_evaluated, tokens_cached and timings — no choices, no usage, no
+// [DONE]; a whole answer is that final object with the whole content.
+// Served whatever Config.Engine, with llama.cpp's timings always.
+//
+// GET /metrics (Config.Metrics) serves the engine's own metrics under its
+// real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
+// usage, prefix-cache queries and hits, token counters, per-request queue,
+// prefill, decode, inference, e2e and TTFT histograms) or llama-server's
+// (requests processing and deferred, prompt tokens excluding cached, cached
+// prompt tokens, prompt seconds, tokens predicted), or 404 as from ollama.
 //
 // Reasoning is on for chat completions and Responses unless the request sends
 // "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
@@ -171,6 +199,44 @@ type Config struct {
 	// answer that stopped by itself (llama.cpp, ollama). The zero value is
 	// the Engine's.
 	Release ReleaseMode
+	// Abandon is what a prefill whose client left does: stop at once
+	// (vLLM), finish its BatchTokens batch (llama.cpp) or the whole prompt
+	// (ollama) before the slot is free. The zero value is the Engine's.
+	Abandon AbandonMode
+	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
+	// n_batch. 0 means 2048.
+	BatchTokens int
+	// SwitchCost is the cost of saving a slot's prompt to llama.cpp's RAM
+	// prompt cache (--cache-ram) before another prompt overwrites it, and
+	// of restoring a longer prefix from it; work before the prefill that is
+	// neither queue nor prefill (12–58 ms measured per switch). Only with
+	// per-slot caches. 0 means the Engine's: 15 ms for llama.cpp (so a save
+	// and a restore take 30 ms), no RAM cache for the others; negative
+	// means no RAM cache.
+	SwitchCost time.Duration
+	// ContextSlowdown makes prefill cost per new token grow with the
+	// context it attends to: each new token costs 1/PrefillTokensPerSec ×
+	// (1 + ContextSlowdown × context/1000), context being the cached prefix
+	// plus the new tokens before it, so a cold rate under-estimates the
+	// cached tokens of a long history. 0 means the Engine's: 0.1 for
+	// llama.cpp and ollama (CPU attention), none for vLLM; negative means
+	// none.
+	ContextSlowdown float64
+	// Metrics is the form of GET /metrics: vLLM's names (vllm:…),
+	// llama-server's (llamacpp:…), both beside the sim's own sim_…, or none
+	// (404, as ollama). The zero value is the Engine's.
+	Metrics MetricsForm
+	// KVCacheTokens bounds admission by KV-cache tokens, as vLLM's
+	// continuous batching admits a waiting request only while its blocks
+	// fit: a request reserves its prompt plus its planned completion while
+	// it holds a slot, and the head of the queue waits (with everyone behind
+	// it, first come first served) until its reservation fits, however many
+	// of the Slots (max_num_seqs) are free. A request that could never fit is
+	// answered 400. Reserving the whole completion up front stands for
+	// vLLM's growing allocation without its preemption. 0 means no bound
+	// beyond the Slots; with many slots and a bound this is the
+	// continuous-batching mode.
+	KVCacheTokens int
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -306,6 +372,11 @@ type Server struct {
 	trunc    *rand.Rand
 	stats    Stats
 	truths   *truths
+	counters engineCounters
+	kvUsed   int // KV tokens reserved by the requests holding slots
+
+	metrics http.Handler    // GET /metrics in Config.Metrics form
+	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
 }
 
 // New returns a Server for cfg with defaults filled in, or an error naming
@@ -325,6 +396,7 @@ func New(cfg Config) (*Server, error) {
 		truths:   newTruths(),
 		slots:    make([]slot, cfg.Slots),
 	}
+	s.metrics = s.newMetricsHandler()
 	s.mux = s.routes()
 	return s, nil
 }
@@ -345,6 +417,8 @@ func withDefaults(c Config) (Config, error) {
 		{"DefaultMaxTokens", &c.DefaultMaxTokens, 256},
 		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
 		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
+		{"BatchTokens", &c.BatchTokens, 2048},
+		{"KVCacheTokens", &c.KVCacheTokens, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -364,6 +438,9 @@ func withDefaults(c Config) (Config, error) {
 		{"ReasoningShare", &c.ReasoningShare, 0.5, 1},
 		{"FailRate", &c.FailRate, 0, 1},
 		{"TruncateRate", &c.TruncateRate, 0, 1},
+	}
+	if math.IsNaN(c.ContextSlowdown) || math.IsInf(c.ContextSlowdown, 0) {
+		return c, fmt.Errorf("sim: ContextSlowdown is %v", c.ContextSlowdown)
 	}
 	for _, f := range floats {
 		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
@@ -394,8 +471,9 @@ func withDefaults(c Config) (Config, error) {
 
 // ServeHTTP serves the inference API:
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
-//	GET  /v1/models, /health, /metrics
+//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
+//	     /completion and /completions (llama.cpp's native protocol)
+//	GET  /v1/models, /health, /metrics (in Config.Metrics form)
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
@@ -410,9 +488,11 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/completions", s.generation(newCompletion)},
 		{"POST", "/v1/responses", s.generation(newResponses)},
 		{"POST", "/v1/messages", s.generation(newMessages)},
+		{"POST", "/completion", s.generation(newNative)},
+		{"POST", "/completions", s.generation(newNative)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
-		{"GET", "/metrics", s.serveMetrics},
+		{"GET", "/metrics", s.metrics.ServeHTTP},
 	} {
 		mux.HandleFunc(r.method+" "+r.path, r.h)
 		mux.HandleFunc(r.path, serveMethodNotAllowed)
@@ -431,8 +511,9 @@ type Stats struct {
 	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
 	Truncated   int64 // streams ended cleanly without their final events
 
-	Active int // holding a slot now
-	Queued int // waiting for a slot now
+	Active   int // holding a slot now
+	Queued   int // waiting for a slot now
+	KVTokens int // KV-cache tokens reserved by the requests holding a slot: prompt plus planned completion
 
 	PromptTokens     int64 // prompt tokens of requests that reached prefill
 	CachedTokens     int64 // the part of PromptTokens served by the prefix cache
@@ -448,6 +529,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Active = s.active
 	st.Queued = len(s.queue)
+	st.KVTokens = s.kvUsed
 	return st
 }
 

@@ -14,9 +14,12 @@ type Truth struct {
 	// Head is when the response head left: for a stream on admission,
 	// at slot start or with the first output (Config.Head); for a whole
 	// response with its body. Zero if it never left.
-	Head       time.Time
-	FirstToken time.Time // prefill ended and the first token was due; zero if never
-	LastToken  time.Time // the last output event went out; zero if none did
+	Head time.Time
+	// PrefillStart is when the prefill proper started: Admitted plus the
+	// work before it (PrePrefill). Zero if never admitted.
+	PrefillStart time.Time
+	FirstToken   time.Time // prefill ended and the first token was due; zero if never
+	LastToken    time.Time // the last output event went out; zero if none did
 	// Released is when the slot was let go: with the last token
 	// (ReleaseLastToken), or at the stream's end (ReleaseStreamEnd), one
 	// decode step after the last token for an answer that stopped by
@@ -26,8 +29,21 @@ type Truth struct {
 
 	Slot int // the slot it held, 0..Slots-1; -1 if none
 
-	Queue   time.Duration // Arrived → Admitted; for a request that left the queue, Arrived → Finished
-	Prefill time.Duration // Admitted → FirstToken
+	Queue time.Duration // Arrived → Admitted; for a request that left the queue, Arrived → Finished
+	// PrePrefill is the work on the slot before this prompt's prefill
+	// (Admitted → PrefillStart): llama.cpp saving the slot's old prompt to
+	// its RAM prompt cache and restoring a better prefix from it
+	// (Config.SwitchCost). Neither queue nor this prompt's prefill.
+	PrePrefill time.Duration
+	Prefill    time.Duration // PrefillStart → FirstToken
+
+	// Left is when the engine noticed the client had gone during prefill
+	// (or the work before it); zero if it did not leave then.
+	Left time.Time
+	// Abandoned is how long the slot stayed busy after Left, prefilling
+	// for nobody (Config.Abandon): Left → Released. The next request's
+	// wait for that slot is queue.
+	Abandoned time.Duration
 
 	PromptTokens     int
 	CachedTokens     int // prompt tokens the prefix cache actually served, reported or not
@@ -98,6 +114,9 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 		Admitted:         res.admitted,
 		FirstToken:       res.firstToken,
 		LastToken:        res.lastToken,
+		PrefillStart:     res.prefillStart,
+		Left:             res.left,
+		Abandoned:        res.abandoned,
 		Head:             res.head,
 		Released:         res.released,
 		Finished:         res.released,
@@ -115,10 +134,24 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 	} else {
 		tr.Queue = tr.Admitted.Sub(tr.Arrived)
 	}
+	if !tr.Admitted.IsZero() {
+		tr.PrePrefill = tr.PrefillStart.Sub(tr.Admitted)
+	}
 	if !tr.FirstToken.IsZero() {
-		tr.Prefill = tr.FirstToken.Sub(tr.Admitted)
+		tr.Prefill = tr.FirstToken.Sub(tr.PrefillStart)
+	}
+	reason := "abort"
+	switch {
+	case outcome == OutcomeTruncated || (outcome == OutcomeCompleted && !j.limited):
+		reason = "stop"
+	case outcome == OutcomeCompleted:
+		reason = "length"
 	}
 	s.mu.Lock()
 	s.truths.put(tr)
+	s.counters.countEnd(res, reason)
 	s.mu.Unlock()
+	if outcome == OutcomeCompleted {
+		s.hists.observe(tr)
+	}
 }
