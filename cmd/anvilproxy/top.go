@@ -18,8 +18,8 @@ import (
 const topUsage = "Usage: anvilproxy top [--once] [--count N] [ADMIN-URL]\n\n" +
 	"A live table of a running proxy, read from its admin listener's /status (default " + defaultTopURL + "):\n" +
 	"requests and how they ended since start, in-flight, p50/p99 of the phases, the rate and\n" +
-	"the cache hit over the last 15 s, goodput and retry amplification since start. Ctrl-C\n" +
-	"ends it.\n\n"
+	"the cache hit (engine-reported, and inferred from prefill times) over the last 15 s,\n" +
+	"goodput and retry amplification since start. Ctrl-C ends it.\n\n"
 
 // runTop is "anvilproxy top": the demo's live table for a running proxy,
 // read from its admin listener's /status, for a machine reached over SSH
