@@ -168,6 +168,10 @@ type Request struct {
 	// (requests_other.go); null when it was not tracked.
 	Conversation ConvID `json:"conversation"`
 	Turn         Count  `json:"turn"`
+
+	// Engine is what the engine itself said about the request, beside the
+	// proxy's own figures and never mixed into them (engine.go).
+	Engine EngineFigures `json:"engine"`
 }
 
 // newRequest fills rq from tr, its split and its evaluated phases. Index
@@ -203,6 +207,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split, v *phaseValues) {
 	}
 	rq.setPhases(v)
 	rq.Conversation, rq.Turn = conversationOf(&tr.Prefix)
+	rq.Engine = engineFiguresOf(tr)
 	if tr.ErrKind != proxy.ErrNone {
 		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()
 	}
