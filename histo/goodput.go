@@ -11,7 +11,7 @@ import (
 // Threshold.
 type SLO struct {
 	// Metric is the word of a phase-table row that may be an SLO's
-	// (sloNames: ttfo, ttft, queue, tpot, e2e); ParseSLO also accepts the
+	// (SLONames: ttfo, ttft, queue, tpot, e2e); ParseSLO also accepts the
 	// row's Name or Key and stores the word.
 	Metric    string
 	Threshold time.Duration // > 0
@@ -36,7 +36,7 @@ func ParseSLO(s string) (SLO, error) {
 
 func (s SLO) validate() error {
 	if _, ok := s.metric(); !ok {
-		return fmt.Errorf("histo: slo %q: metric must be one of %s", s.Metric, strings.Join(sloNames(), ", "))
+		return fmt.Errorf("histo: slo %q: metric must be one of %s", s.Metric, strings.Join(SLONames(), ", "))
 	}
 	if s.Threshold <= 0 {
 		return fmt.Errorf("histo: slo %q: threshold must be positive", s.Metric)
@@ -50,8 +50,9 @@ func (s SLO) metric() (Metric, bool) {
 	return m, ok && phases[m].slo
 }
 
-// sloNames are the words of the rows that may be an SLO's, in table order.
-func sloNames() []string {
+// SLONames are the words of the phase-table rows that may be an SLO's
+// metric, in table order: ttfo, ttft, queue, tpot, e2e.
+func SLONames() []string {
 	var out []string
 	for m := range numRequestMetrics {
 		if phases[m].slo {

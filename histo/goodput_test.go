@@ -130,3 +130,18 @@ func TestGoodputWithoutSLOs(t *testing.T) {
 	require.Equal(t, Float(0.5), win.Ratio)
 	require.Empty(t, win.Curves)
 }
+
+// TestSLOWords: --slo takes a phase-table row's word, name or key, stores
+// the word, and refuses rows that are not SLO metrics, naming those that
+// are, from the table.
+func TestSLOWords(t *testing.T) {
+	for _, in := range []string{"ttfo=2s", "TTFO=2s", "time_to_first_output=2s", "time_to_first_output_ms=2s"} {
+		s, err := ParseSLO(in)
+		require.NoError(t, err, in)
+		require.Equal(t, SLO{Metric: "ttfo", Threshold: 2 * time.Second}, s, in)
+	}
+	_, err := ParseSLO("prefill=1s")
+	require.ErrorContains(t, err, "one of ttfo, ttft, queue, tpot, e2e")
+	_, err = New(Config{SLOs: []SLO{{"ttfo", time.Second}, {"time_to_first_output", 2 * time.Second}}}, nil)
+	require.ErrorContains(t, err, "configured twice", "one row, two spellings")
+}

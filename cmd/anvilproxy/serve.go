@@ -93,7 +93,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
 	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
 	fs.StringVar(&f.baseline, "baseline", "", "snapshot file or directory (several joined with commas) the dashboard compares the window in progress against, as anvilproxy diff does (admin /diff)")
-	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
+	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric one of "+strings.Join(histo.SLONames(), ", ")+"; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
 	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 0, "a hint of the upstream engine's concurrent sequences for the queue/prefill split; 0: learn it from observation (evidence overrides a hint, with a warning)")
 	f.engine.register(fs)
 	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server root URL, http(s)://host:port[/prefix], without the /v1 of its OpenAI base URL (the client's /v1/... path is appended); "sim" starts the simulated engine in-process on a loopback port`)
