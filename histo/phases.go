@@ -9,7 +9,7 @@ import (
 
 // phases is the one table of the measured phases and per-request values:
 // one row per HDR histogram, indexed by Metric. Each per-request row's
-// definition over the Trace and the split is its case of Metric.of, beside
+// definition over the Trace and the split is its line of evalPhases, beside
 // the table; Record evaluates every row once into a phaseValues array, and everything that records or reports a
 // phase indexes that array or this table: the HDR name and unit (hdr.go),
 // the clamp label, the Prometheus histogram's name, help, buckets and
@@ -18,7 +18,7 @@ import (
 // Metric.Phase, the v1 snapshot's stems, extension distributions and
 // request_timings keys (histo/snapshot), the live table and `diff`
 // (ShortName, LabelText). Adding a phase is a Metric constant, one row
-// here with its case in Metric.of, and a Request field with its case in
+// here with its line in evalPhases, and a Request field with its case in
 // Request.slot (docs/design.md "How to add a phase").
 //
 // The table is read-only and safe for concurrent use.
@@ -155,51 +155,42 @@ type phaseRow struct {
 	labels     labelKind
 }
 
-// of is the definition of the per-request metric m over the Trace
-// (proxy/phase.go) and the split: its raw value for a finished request,
-// NaN when unknown. Raw is the value in the row's Unit family: nanoseconds
-// for Microseconds rows (exact: an int64 duration below 2^53 ns, 104
-// days), tokens/s for rates, tokens for counts.
+// evalPhases is the definition of every per-request metric over the Trace
+// (proxy/phase.go) and the split, evaluated once: its raw value for a
+// finished request, NaN when unknown. Raw is the value in the row's Unit
+// family: nanoseconds for Microseconds rows (exact: an int64 duration below
+// 2^53 ns, 104 days), tokens/s for rates, tokens for counts. It does not
+// allocate.
 //
-// A switch beside the table, not a func-valued column of it: the compiler
-// sees through a switch, but the arguments of an indirect call escape, so
-// a func column made every caller's Trace escape to the heap, 760 bytes
-// per Record when the caller kept it on the stack (TestRecordAllocs,
-// BENCHMARKS.md "Phase table").
-func (m Metric) of(tr *proxy.Trace, sp *Split) float64 {
-	switch m {
-	case MetricTTFO:
-		return spanValue(tr.TTFO())
-	case MetricTTFT:
-		return spanValue(tr.TTFT())
-	case MetricQueue:
-		return spanValue(sp.Queue, sp.OK)
-	case MetricPrefill:
-		return spanValue(sp.Prefill, sp.OK)
-	case MetricReasoning:
-		return spanValue(tr.Reasoning())
-	case MetricGeneration:
-		return spanValue(tr.Generation())
-	case MetricTPOT:
-		return spanValue(tr.TPOT())
-	case MetricE2E:
-		return spanValue(tr.E2E())
-	case MetricConnect:
-		return float64(tr.Connect)
-	case MetricDecodeRate:
-		return rateValue(tr.DecodeTokensPerSec())
-	case MetricPrefillRate:
-		return rateValue(tr.EffectivePrefillTokensPerSec())
-	case MetricPromptTokens:
-		if tr.PromptTokens >= 0 {
-			return float64(tr.PromptTokens)
-		}
-	case MetricCompletionTokens:
-		if n, src := tr.OutputTokens(); src != "" {
-			return float64(n)
-		}
+// One line per row, beside the table, not a func-valued column of it: the
+// arguments of an indirect call escape, and a func column made every
+// caller's Trace escape to the heap, 760 bytes per Record when the caller
+// kept it on the stack (TestRecordAllocs). Straight lines, not a loop over
+// a switch: the compiler inlines the Trace's methods here, which a call per
+// row did not, 100-200 ns a request (BENCHMARKS.md "Phase table"). A row
+// without its line stays NaN (TestPhaseDefinitions).
+func evalPhases(tr *proxy.Trace, sp *Split) (v phaseValues) {
+	for m := range v {
+		v[m] = math.NaN()
 	}
-	return math.NaN()
+	v[MetricTTFO] = spanValue(tr.TTFO())
+	v[MetricTTFT] = spanValue(tr.TTFT())
+	v[MetricQueue] = spanValue(sp.Queue, sp.OK)
+	v[MetricPrefill] = spanValue(sp.Prefill, sp.OK)
+	v[MetricReasoning] = spanValue(tr.Reasoning())
+	v[MetricGeneration] = spanValue(tr.Generation())
+	v[MetricTPOT] = spanValue(tr.TPOT())
+	v[MetricE2E] = spanValue(tr.E2E())
+	v[MetricConnect] = float64(tr.Connect)
+	v[MetricDecodeRate] = rateValue(tr.DecodeTokensPerSec())
+	v[MetricPrefillRate] = rateValue(tr.EffectivePrefillTokensPerSec())
+	if tr.PromptTokens >= 0 {
+		v[MetricPromptTokens] = float64(tr.PromptTokens)
+	}
+	if n, src := tr.OutputTokens(); src != "" {
+		v[MetricCompletionTokens] = float64(n)
+	}
+	return v
 }
 
 func spanValue(d time.Duration, ok bool) float64 {
@@ -217,16 +208,8 @@ func rateValue(v float64, ok bool) float64 {
 }
 
 // phaseValues are one request's raw values of the per-request metrics
-// (Metric.of), indexed by Metric.
+// (evalPhases), indexed by Metric.
 type phaseValues [numRequestMetrics]float64
-
-// evalPhases evaluates every per-request row once. It does not allocate.
-func evalPhases(tr *proxy.Trace, sp *Split) (v phaseValues) {
-	for m := range v {
-		v[m] = Metric(m).of(tr, sp)
-	}
-	return v
-}
 
 // Phase returns m's row of the phase table. The Aliases slice is shared
 // and must not be modified.
@@ -254,7 +237,7 @@ func (m Metric) hdrValue(raw float64) (int64, bool) {
 	if raw != raw {
 		return 0, false
 	}
-	switch phases[m].Unit {
+	switch rowUnits[m] {
 	case Microseconds:
 		return micros(time.Duration(raw)), true
 	case MilliTokensPerSecond:
@@ -269,11 +252,20 @@ func (m Metric) promValue(raw float64) (float64, bool) {
 	if raw != raw {
 		return 0, false
 	}
-	if phases[m].Unit == Microseconds {
+	if rowUnits[m] == Microseconds {
 		return time.Duration(raw).Seconds(), true
 	}
 	return raw, true
 }
+
+// rowUnits are the table's units, compact for Record's conversions (the
+// rows are large: reading Unit from them cost a cache line each).
+var rowUnits = func() (u [NumMetrics]Unit) {
+	for m := range u {
+		u[m] = phases[m].Unit
+	}
+	return u
+}()
 
 // Value returns rq's value of m in the v1 unit (milliseconds, tokens/s,
 // tokens), NaN when unknown or per event.

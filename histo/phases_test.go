@@ -98,6 +98,16 @@ func TestPhaseSlots(t *testing.T) {
 	}
 	vals[MetricTTFO], vals[MetricDecodeRate], vals[MetricPromptTokens] = 1.5e6, 42.5, 7
 	rq.setPhases(&vals)
+	// setPhases writes each value where slot finds it.
+	var distinct phaseValues
+	for m := range distinct {
+		distinct[m] = float64(m + 1)
+	}
+	var rd Request
+	rd.setPhases(&distinct)
+	for m := range numRequestMetrics {
+		require.Equal(t, float64(m+1), rd.phase(m), "%s: setPhases and slot agree", m)
+	}
 	require.Equal(t, Span(1_500_000), rq.TTFO)
 	require.Equal(t, Float(42.5), rq.DecodeRate)
 	require.Equal(t, Count(7), rq.PromptTokens)
@@ -106,15 +116,14 @@ func TestPhaseSlots(t *testing.T) {
 	require.True(t, math.IsNaN(float64(rq.PrefillRate)))
 }
 
-// TestPhaseDefinitions: every per-request row has a definition (its case
-// of Metric.of) that knows a complete request's value, and the per-event
-// rows have none.
+// TestPhaseDefinitions: every per-request row has a definition (its line
+// of evalPhases) that knows a complete request's value.
 func TestPhaseDefinitions(t *testing.T) {
 	tr := chat()
 	sp := Split{Queue: time.Millisecond, Prefill: 2 * time.Millisecond, Source: SourceModel, OK: true}
+	v := evalPhases(&tr, &sp)
 	for m := range numRequestMetrics {
-		require.False(t, math.IsNaN(m.of(&tr, &sp)), "%s has no definition", m)
+		require.False(t, math.IsNaN(v[m]), "%s has no definition", m)
 	}
-	require.True(t, math.IsNaN(MetricInterEvent.of(&tr, &sp)))
-	require.Equal(t, float64(2*time.Millisecond), MetricPrefill.of(&tr, &sp))
+	require.Equal(t, float64(2*time.Millisecond), v[MetricPrefill])
 }

@@ -216,25 +216,38 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split, v *phaseValues) {
 	_, rq.OutputTokenSource = tr.OutputTokens()
 }
 
-// setPhases puts a request's evaluated phases into its fields.
+// setPhases puts a request's evaluated phases into its fields. Written
+// out, not a loop over Request.slot: on Record's path the loop cost 13
+// calls and 60-130 ns a request (BENCHMARKS.md "Phase table");
+// TestPhaseSlots holds the two to the same fields.
 func (rq *Request) setPhases(v *phaseValues) {
-	for m, raw := range v {
-		span, rate, count := rq.slot(Metric(m))
-		switch {
-		case span != nil:
-			*span = NoSpan
-			if raw == raw {
-				*span = Span(raw)
-			}
-		case rate != nil:
-			*rate = Float(raw)
-		case count != nil:
-			*count = -1
-			if raw == raw {
-				*count = Count(raw)
-			}
-		}
+	rq.TTFO = spanRaw(v[MetricTTFO])
+	rq.TTFT = spanRaw(v[MetricTTFT])
+	rq.Queue = spanRaw(v[MetricQueue])
+	rq.Prefill = spanRaw(v[MetricPrefill])
+	rq.Reasoning = spanRaw(v[MetricReasoning])
+	rq.Generation = spanRaw(v[MetricGeneration])
+	rq.TPOT = spanRaw(v[MetricTPOT])
+	rq.E2E = spanRaw(v[MetricE2E])
+	rq.Connect = spanRaw(v[MetricConnect])
+	rq.DecodeRate = Float(v[MetricDecodeRate])
+	rq.PrefillRate = Float(v[MetricPrefillRate])
+	rq.PromptTokens = countRaw(v[MetricPromptTokens])
+	rq.OutputTokens = countRaw(v[MetricCompletionTokens])
+}
+
+func spanRaw(raw float64) Span {
+	if raw != raw {
+		return NoSpan
 	}
+	return Span(raw)
+}
+
+func countRaw(raw float64) Count {
+	if raw != raw {
+		return -1
+	}
+	return Count(raw)
 }
 
 // phase returns rq's raw value of the per-request metric m (phaseRow.of),
@@ -253,11 +266,10 @@ func (rq *Request) phase(m Metric) float64 {
 }
 
 // slot is the field of rq that holds the per-request metric m, as exactly
-// one non-nil pointer of the field's type: the one place a phase's Request
-// field is named besides its declaration (TestPhaseSlots checks each
-// against the row's Key). A switch, not a func-valued column of the
-// table: the compiler sees through it, so Record's Request stays on the
-// stack (TestRecordAllocs).
+// one non-nil pointer of the field's type (TestPhaseSlots checks each
+// against the row's Key, and setPhases against it). A switch, not a
+// func-valued column of the table: the compiler sees through it, so the
+// caller's Request stays on the stack.
 func (rq *Request) slot(m Metric) (*Span, *Float, *Count) {
 	switch m {
 	case MetricTTFO:
