@@ -302,13 +302,6 @@ func (rq *Request) slot(m Metric) (*Span, *Float, *Count) {
 	return nil, nil, nil
 }
 
-func floatOf(v float64, ok bool) Float {
-	if !ok {
-		return Float(math.NaN())
-	}
-	return Float(v)
-}
-
 func stampsOf(tr *proxy.Trace) Stamps {
 	at := func(t time.Time) Span {
 		if t.IsZero() || tr.Recv.IsZero() {
