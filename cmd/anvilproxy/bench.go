@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -25,6 +26,11 @@ import (
 // --proxy-memprofile, since serve has no profiling of its own. Its two
 // arguments are the profiles' paths, "" for none; serve's flags follow.
 const childProfileFlag = "--as-profiled-serve"
+
+// floorRelayFlag makes "anvilproxy bench" run the floor relay
+// (bench.RunFloorRelay) on its two arguments, the listen and upstream
+// addresses: the bench's floor target.
+const floorRelayFlag = "--as-floor-relay"
 
 type benchFlags struct {
 	quick      bool
@@ -53,7 +59,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.SmallWorkers, "non-stream-clients", d.SmallWorkers, "closed-loop clients of the non-stream throughput test")
 	fs.IntVar(&c.SmallRounds, "non-stream-rounds", 0, fmt.Sprintf("interleaved rounds of the throughput test (default %d; --quick 2); -1 skips it", d.SmallRounds))
 	fs.DurationVar(&c.SmallCell, "non-stream-round", 0, fmt.Sprintf("length of one throughput round (default %v; --quick 500ms)", d.SmallCell))
-	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy, nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy, floor (a Go epoll relay that measures nothing), nginx, caddy, haproxy (default: all installed)")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
 	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
@@ -77,6 +83,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) >= 3 && args[0] == childProfileFlag {
 		return runProfiledServe(args[1], args[2], args[3:], stderr)
 	}
+	if len(args) == 3 && args[0] == floorRelayFlag {
+		return runFloorRelay(args[1], args[2])
+	}
 	fs := newFlagSet("bench", benchUsage, stderr)
 	var f benchFlags
 	f.register(fs)
@@ -93,6 +102,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("finding the anvilproxy binary: %w", err)
 	}
 	cfg.ProxyArgv = []string{exe, "serve"}
+	cfg.FloorArgv = []string{exe, "bench", floorRelayFlag}
 	if f.cpuProfile != "" || f.memProfile != "" {
 		cpu, err := absOrEmpty(f.cpuProfile) // the child runs in a temporary directory
 		if err != nil {
@@ -266,6 +276,21 @@ func runProfiledServe(cpuPath, memPath string, args []string, stderr io.Writer) 
 	err = runServe(args, stderr)
 	pprof.StopCPUProfile()
 	return errors.Join(err, out.Close())
+}
+
+// runFloorRelay serves the floor relay until SIGTERM or SIGINT.
+func runFloorRelay(listen, upstream string) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sig
+		ln.Close()
+	}()
+	return bench.RunFloorRelay(ln, upstream, 0)
 }
 
 func writeHeapProfile(path string) error {

@@ -29,9 +29,15 @@ type liveStatus struct {
 	Retries   int64 `json:"retries"`   // requests that repeated an earlier one
 	Inflight  int64 `json:"inflight"`
 
-	Amplification histo.Float `json:"retry_amplification"` // null without traffic
+	Amplification histo.Float `json:"retry_amplification"` // attempts per logical request since start; null without traffic
 	Goodput       histo.Float `json:"goodput"`             // since start; null without requests
 	SLOs          string      `json:"slos"`
+
+	// SnapshotWindow is the snapshot window in progress, which /snapshot
+	// and the dashboard's goodput, cache, retry and drift panels cover:
+	// its start and its length (--snapshot-interval). The live table's
+	// counts are since start, its percentiles over Recent.
+	SnapshotWindow snapshotWindow `json:"snapshot_window"`
 
 	Recent recentStats `json:"last"`
 
@@ -48,12 +54,24 @@ type recentStats struct {
 	Rate      histo.Float  `json:"rate"` // completed requests per second
 	Phases    []phaseStats `json:"phases"`
 	CacheHit  histo.Float  `json:"cache_hit"` // cached / prompt tokens, token-weighted; null when no engine reported
+	// CacheHitInferred is the proxy's own estimate from prefill times
+	// (histo's cache_inferred_tokens over the prompt tokens of the requests
+	// that have one), never mixed with CacheHit; null before the cold
+	// prefill rate is learned.
+	CacheHitInferred histo.Float `json:"cache_hit_inferred"`
 }
 
 type phaseStats struct {
 	Name string      `json:"name"`
 	P50  histo.Float `json:"p50_ms"`
 	P99  histo.Float `json:"p99_ms"`
+}
+
+// snapshotWindow is the measurement window in progress.
+type snapshotWindow struct {
+	Start   time.Time `json:"start"`
+	Seconds float64   `json:"seconds"`   // its full length, --snapshot-interval
+	Elapsed float64   `json:"elapsed_s"` // how much of it has passed
 }
 
 // listeners says where the proxy listens and what each listener exposes.
@@ -84,8 +102,13 @@ func (st *stack) status(now time.Time) liveStatus {
 		Listeners: listeners{Proxy: st.proxyURL, Admin: st.adminURL},
 	}
 	s.Completed = s.Requests - s.Failed
-	if a := st.proxy.Retries().Stats().Amplification; a > 0 {
-		s.Amplification = histo.Float(a)
+	// Since start, as the counts beside it: the tracker's own
+	// Amplification covers only its last --retry-window.
+	if rs := st.proxy.Retries().Stats(); rs.Logical > 0 {
+		s.Amplification = histo.Float(float64(rs.Attempts) / float64(rs.Logical))
+	}
+	if start := st.rec.WindowStart(); !start.IsZero() {
+		s.SnapshotWindow = snapshotWindow{Start: start.UTC(), Seconds: st.snapEvery.Seconds(), Elapsed: now.Sub(start).Seconds()}
 	}
 	if _, total := st.rec.Goodput(); total.Requests > 0 {
 		s.Goodput = histo.Float(total.Ratio)
@@ -100,7 +123,7 @@ func (st *stack) status(now time.Time) liveStatus {
 func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentStats {
 	r := recentStats{Seconds: span.Seconds(), Truncated: len(recs) == recentLimit}
 	var vals [len(livePhases)][]float64
-	var cached, prompt int64
+	var cached, prompt, inferred, inferable int64
 	for _, rq := range recs {
 		end := rq.Start
 		if rq.E2E.Known() {
@@ -123,6 +146,10 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 			cached += int64(rq.CachedTokens)
 			prompt += int64(rq.PromptTokens)
 		}
+		if rq.PromptTokens > 0 && rq.CacheInferredTokens >= 0 {
+			inferred += int64(rq.CacheInferredTokens)
+			inferable += int64(rq.PromptTokens)
+		}
 	}
 	r.Rate = histo.Float(math.NaN())
 	if span > 0 {
@@ -131,11 +158,16 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 	for i, v := range vals {
 		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i], P50: histo.Float(nearestRank(v, 50)), P99: histo.Float(nearestRank(v, 99))})
 	}
-	r.CacheHit = histo.Float(math.NaN())
-	if prompt > 0 {
-		r.CacheHit = histo.Float(float64(cached) / float64(prompt))
-	}
+	r.CacheHit, r.CacheHitInferred = ratio(cached, prompt), ratio(inferred, inferable)
 	return r
+}
+
+// ratio is part/whole, NaN (null) without a whole.
+func ratio(part, whole int64) histo.Float {
+	if whole <= 0 {
+		return histo.Float(math.NaN())
+	}
+	return histo.Float(float64(part) / float64(whole))
 }
 
 // inferenceRoute reports whether a /requests record is of an inference

@@ -18,7 +18,8 @@ import (
 const topUsage = "Usage: anvilproxy top [--once] [--count N] [ADMIN-URL]\n\n" +
 	"A live table of a running proxy, read from its admin listener's /status (default " + defaultTopURL + "):\n" +
 	"requests and how they ended, in-flight, p50/p99 of the phases over the last 15 s, cache\n" +
-	"hit, goodput and retry amplification. Ctrl-C ends it.\n\n"
+	"hit (engine-reported, and inferred from prefill times), goodput and retry amplification.\n" +
+	"Ctrl-C ends it.\n\n"
 
 // runTop is "anvilproxy top": the demo's live table for a running proxy,
 // read from its admin listener's /status, for a machine reached over SSH
@@ -85,7 +86,7 @@ func adminBase(raw string) (string, error) {
 		raw = "http://" + raw
 	}
 	raw = strings.TrimSuffix(strings.TrimSuffix(raw, "/"), "/status")
-	if _, _, err := checkUpstream(raw); err != nil {
+	if _, err := checkUpstream(raw); err != nil {
 		return "", fmt.Errorf("admin URL %q: want http://host:port of the proxy's --admin-listen", raw)
 	}
 	return raw, nil

@@ -76,6 +76,9 @@ type Config struct {
 	// --listen, --admin-listen, --log-level, --max-upstream-conns and
 	// --shutdown-grace. Empty skips anvilproxy.
 	ProxyArgv []string
+	// FloorArgv runs the floor relay (RunFloorRelay); the bench appends
+	// its listen and upstream addresses. Empty skips the floor target.
+	FloorArgv []string
 	// HeapProfile makes the capacity run send SIGUSR1 to the anvilproxy
 	// child when its last wave holds every stream open: ProxyArgv then runs
 	// a serve that writes a heap profile on that signal.
@@ -180,7 +183,7 @@ func (c *Config) validate() error {
 	return nil
 }
 
-var allTargets = []string{Direct, AnvilProxy, Nginx, Caddy, HAProxy}
+var allTargets = []string{Direct, AnvilProxy, Floor, Nginx, Caddy, HAProxy}
 
 // Run runs the bench and returns its report. It stops every process it
 // started before it returns, also when ctx is cancelled.
@@ -272,6 +275,7 @@ func (b *runner) startTargets() {
 		{AnvilProxy, func(_, up string) (*target, error) {
 			return startAnvil(b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
 		}},
+		{Floor, func(_, up string) (*target, error) { return startFloor(b.cfg.FloorArgv, up, b.dir) }},
 		{Nginx, func(bin, up string) (*target, error) { return startNginx(bin, up, b.dir) }},
 		{Caddy, func(bin, up string) (*target, error) { return startCaddy(bin, up, b.dir) }},
 		{HAProxy, func(bin, up string) (*target, error) {
@@ -283,7 +287,11 @@ func (b *runner) startTargets() {
 			continue
 		}
 		bin := ""
-		if s.name != AnvilProxy {
+		if s.name == Floor && len(b.cfg.FloorArgv) == 0 {
+			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
+			continue
+		}
+		if s.name != AnvilProxy && s.name != Floor {
 			var err error
 			if bin, err = exec.LookPath(s.name); err != nil {
 				b.rep.addTarget(&target{name: s.name}, "not installed (scripts/install-comparison-proxies.sh installs it)")

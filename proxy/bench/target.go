@@ -19,6 +19,7 @@ import (
 const (
 	Direct     = "direct"
 	AnvilProxy = "anvilproxy"
+	Floor      = "floor"
 	Nginx      = "nginx"
 	Caddy      = "caddy"
 	HAProxy    = "haproxy"
@@ -216,6 +217,27 @@ func serveFlags(argv []string) []string {
 		}
 	}
 	return nil
+}
+
+// startFloor runs the floor relay (RunFloorRelay) as a child process:
+// argv runs it, and the listen and upstream addresses are appended.
+func startFloor(argv []string, upstream, dir string) (*target, error) {
+	if len(argv) == 0 {
+		return nil, errors.New("no command to run the floor relay")
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(argv[0], append(argv[1:len(argv):len(argv)], addr, upstream)...)
+	cmd.Dir = dir
+	t, err := launch(Floor, cmd, addr, dir)
+	if err != nil {
+		return nil, err
+	}
+	t.version = "this build"
+	t.setup = fmt.Sprintf("a TCP relay in Go that measures nothing: %d edge-triggered epoll loops on raw descriptors, one upstream connection per client connection (proxy/bench/floor_linux.go)", runtime.NumCPU())
+	return t, nil
 }
 
 const nginxConf = `worker_processes %d;

@@ -1,0 +1,225 @@
+//go:build linux
+
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+)
+
+// RunFloorRelay is the floor of a Go relay on this machine: a TCP relay
+// that measures nothing, parses nothing, and touches a connection only
+// when bytes arrive. Each client connection accepted on ln gets its own
+// connection to upstream, and bytes are copied both ways by loops event
+// loops (edge-triggered epoll on the raw descriptors, one 16 KiB buffer
+// per loop; a full socket parks the rest and stops reading its peer until
+// it drains). It is the "if out of reach" reference of issue 25: what the
+// event-loop design costs with nothing else on the path. It runs until ln
+// is closed, and is a benchmark target only (anvilproxy bench --targets
+// floor), never a product.
+func RunFloorRelay(ln net.Listener, upstream string, loops int) error {
+	if loops <= 0 {
+		loops = runtime.NumCPU()
+	}
+	ls := make([]*floorLoop, loops)
+	for i := range ls {
+		l, err := newFloorLoop()
+		if err != nil {
+			return err
+		}
+		ls[i] = l
+		go l.run()
+	}
+	for i := 0; ; i++ {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			continue
+		}
+		u, err := net.Dial("tcp", upstream)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		if err := ls[i%loops].add(c, u); err != nil {
+			c.Close()
+			u.Close()
+		}
+	}
+}
+
+// floorConn is one side of a relayed pair. Owned by its loop's goroutine
+// once added.
+type floorConn struct {
+	fd      int
+	peer    *floorConn
+	pending []byte // bytes read from peer that this socket has not taken yet
+	blocked bool   // this side's reads wait until peer's pending drains
+	closed  bool
+}
+
+// floorET is EPOLLET as the uint32 the event mask is (syscall's constant is negative).
+const floorET = 1 << 31
+
+type floorLoop struct {
+	epfd  int
+	buf   []byte
+	mu    sync.Mutex
+	conns map[int]*floorConn // by fd; written by add, read by the loop
+	n     atomic.Int64
+}
+
+func newFloorLoop() (*floorLoop, error) {
+	fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, err
+	}
+	return &floorLoop{epfd: fd, buf: make([]byte, 16<<10), conns: map[int]*floorConn{}}, nil
+}
+
+// rawFD takes c's descriptor for the loop: a duplicate, so that closing
+// the Go connection leaves the socket open, and Go's poller out of it.
+func rawFD(c net.Conn) (int, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return -1, errors.New("not a socket")
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(f uintptr) { fd, derr = syscall.Dup(int(f)) }); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, derr
+	}
+	_ = c.Close()
+	syscall.CloseOnExec(fd)
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		syscall.Close(fd)
+		return -1, err
+	}
+	_ = syscall.SetsockoptInt(fd, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
+	return fd, nil
+}
+
+func (l *floorLoop) add(c, u net.Conn) error {
+	a, err := rawFD(c)
+	if err != nil {
+		return err
+	}
+	b, err := rawFD(u)
+	if err != nil {
+		syscall.Close(a)
+		return err
+	}
+	ca, cb := &floorConn{fd: a}, &floorConn{fd: b}
+	ca.peer, cb.peer = cb, ca
+	l.mu.Lock()
+	l.conns[a], l.conns[b] = ca, cb
+	l.mu.Unlock()
+	for _, fd := range []int{a, b} {
+		ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | floorET, Fd: int32(fd)}
+		if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			return fmt.Errorf("epoll add: %w", err)
+		}
+	}
+	l.n.Add(1)
+	return nil
+}
+
+func (l *floorLoop) lookup(fd int) *floorConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conns[fd]
+}
+
+func (l *floorLoop) run() {
+	var evs [256]syscall.EpollEvent
+	for {
+		n, err := syscall.EpollWait(l.epfd, evs[:], -1)
+		if err != nil {
+			continue // EINTR
+		}
+		for i := range evs[:n] {
+			c := l.lookup(int(evs[i].Fd))
+			if c == nil || c.closed {
+				continue
+			}
+			e := evs[i].Events
+			if e&syscall.EPOLLOUT != 0 && len(c.pending) > 0 {
+				l.flush(c)
+			}
+			if e&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 && !c.blocked {
+				l.pump(c)
+			}
+		}
+	}
+}
+
+// pump reads src until the socket is drained, writing each read to its
+// peer; a short write parks the rest and blocks src.
+func (l *floorLoop) pump(src *floorConn) {
+	for !src.closed && !src.blocked {
+		n, err := syscall.Read(src.fd, l.buf)
+		if err == syscall.EAGAIN {
+			return
+		}
+		if err == syscall.EINTR {
+			continue
+		}
+		if n <= 0 {
+			l.close(src)
+			return
+		}
+		dst := src.peer
+		w, err := syscall.Write(dst.fd, l.buf[:n])
+		if err != nil && err != syscall.EAGAIN {
+			l.close(src)
+			return
+		}
+		w = max(w, 0)
+		if w < n {
+			dst.pending = append(dst.pending[:0], l.buf[w:n]...)
+			src.blocked = true
+		}
+	}
+}
+
+// flush writes c's parked bytes; once they are all out, c's peer reads again.
+func (l *floorLoop) flush(c *floorConn) {
+	w, err := syscall.Write(c.fd, c.pending)
+	if err != nil && err != syscall.EAGAIN {
+		l.close(c)
+		return
+	}
+	c.pending = c.pending[:copy(c.pending, c.pending[max(w, 0):])]
+	if len(c.pending) == 0 {
+		c.peer.blocked = false
+		l.pump(c.peer)
+	}
+}
+
+func (l *floorLoop) close(c *floorConn) {
+	for _, x := range []*floorConn{c, c.peer} {
+		if x.closed {
+			continue
+		}
+		x.closed = true
+		l.mu.Lock()
+		delete(l.conns, x.fd)
+		l.mu.Unlock()
+		syscall.Close(x.fd)
+	}
+	l.n.Add(-1)
+}
