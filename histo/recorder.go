@@ -141,6 +141,7 @@ type Recorder struct {
 	occ    occupancy
 	head   headLearner
 	load   engineLoadRef // the engine's /metrics counts (SetEngineLoad); nil without
+	totals proxyTotals   // for the agreement with the engine's /metrics (engine.go)
 	start  time.Time
 
 	gap, relay eventPair
@@ -222,7 +223,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 // anvilproxy_requests_total only.
 func inference(rt proxy.Route) bool {
 	switch rt {
-	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages:
+	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion:
 		return true
 	}
 	return false
@@ -246,6 +247,8 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	rs := r.model.read()
 	sp, place := r.split(tr, rs)
 	newRequest(&rq, tr, sp)
+	rq.Engine.setLoad(r.loadAt(tr))
+	r.totals.add(&rq)
 	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
 	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq)

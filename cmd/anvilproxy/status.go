@@ -174,7 +174,7 @@ func ratio(part, whole int64) histo.Float {
 // route; the others (models, other, …) have no phases.
 func inferenceRoute(route string) bool {
 	switch route {
-	case "chat", "completions", "responses", "messages":
+	case "chat", "completions", "responses", "messages", "llama_completion":
 		return true
 	}
 	return false
