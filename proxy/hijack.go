@@ -124,6 +124,7 @@ func (p *Proxy) closeDelimited(ctx *fasthttp.RequestCtx, r *relay) {
 			_, err = r.WriteTo(cc)
 		}
 		_ = r.CloseWithError(err)
+		_ = cc.Close() // the close delimits the body (and the server may keep hijacked connections)
 	})
 }
 
