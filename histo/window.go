@@ -238,3 +238,11 @@ func (w *Window) stampHist() {
 		h.SetEndTimeMs(w.End.UnixMilli())
 	}
 }
+
+// WindowStart is when the window in progress began (the live views say
+// which window they show). Safe for concurrent use.
+func (r *Recorder) WindowStart() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cur.start
+}

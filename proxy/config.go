@@ -1,12 +1,6 @@
 package proxy
 
-import (
-	"errors"
-	"fmt"
-	"net/url"
-	"strings"
-	"time"
-)
+import "time"
 
 // Defaults for the zero values of Config.
 const (
@@ -121,13 +115,6 @@ type Config struct {
 }
 
 // upstream is the parsed Upstream URL.
-type upstream struct {
-	addr     string // host:port to dial
-	host     string // Host header value
-	hostname string // host without port, for TLS server name
-	tls      bool
-	prefix   string // path prefix without a trailing slash
-}
 
 func (c *Config) setDefaults() {
 	setDefault(&c.MaxBodyBytes, DefaultMaxBodyBytes)
@@ -152,37 +139,4 @@ func setDefault[T int | time.Duration](v *T, def T) {
 	if *v <= 0 {
 		*v = def
 	}
-}
-
-func parseUpstream(raw string) (upstream, error) {
-	if raw == "" {
-		return upstream{}, errors.New("no upstream configured")
-	}
-	u, err := url.Parse(raw)
-	if err != nil {
-		return upstream{}, fmt.Errorf("parsing upstream %q: %w", raw, err)
-	}
-	var up upstream
-	switch u.Scheme {
-	case "http":
-	case "https":
-		up.tls = true
-	default:
-		return upstream{}, fmt.Errorf("upstream %q: scheme must be http or https", raw)
-	}
-	if u.Host == "" {
-		return upstream{}, fmt.Errorf("upstream %q: no host", raw)
-	}
-	up.host = u.Host
-	up.hostname = u.Hostname()
-	up.addr = u.Host
-	if u.Port() == "" {
-		port := "80"
-		if up.tls {
-			port = "443"
-		}
-		up.addr = strings.TrimSuffix(u.Host, ":") + ":" + port
-	}
-	up.prefix = strings.TrimSuffix(u.EscapedPath(), "/")
-	return up, nil
 }

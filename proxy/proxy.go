@@ -34,7 +34,7 @@ import (
 // its configuration is fixed by New.
 type Proxy struct {
 	cfg    Config
-	up     upstream
+	up     Upstream
 	pool   *pool
 	stats  Stats
 	log    *zap.Logger
@@ -60,7 +60,7 @@ type Proxy struct {
 func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	cfg.setDefaults()
 	cfg.EventLoop = cfg.EventLoop || testEventLoop
-	up, err := parseUpstream(cfg.Upstream)
+	up, err := ParseUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
@@ -214,8 +214,10 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	// Content-Type it did not send is added. fasthttp has no setter for them.
 	ctx.Response.Header.CopyTo(&r.resp.Header)
 	err := p.roundTrip(ctx, r)
-	tr.Headers = time.Now()
 	if err != nil {
+		// No headers came from the upstream: tr.Headers stays zero, so
+		// that the proxy's own 502/504 is never read as the engine's answer
+		// (the upstream's reachability, cmd/anvilproxy/tap.go).
 		why := upstreamFailure(err)
 		if r.hasLeft() {
 			why = refuseClientGone
@@ -223,6 +225,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.refuse(ctx, r, why)
 		return
 	}
+	tr.Headers = time.Now()
 	if r.resp.StatusCode() == fasthttp.StatusSwitchingProtocols {
 		p.switchProtocols(ctx, r)
 		return
@@ -418,7 +421,7 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, r *relay, why refusal) {
 
 // answerError sends a proxy-made error response and ends the request.
 func (p *Proxy) answerError(ctx *fasthttp.RequestCtx, r *relay, status int) {
-	writeError(ctx, status, r.tr.ErrKind, p.up.host)
+	writeError(ctx, status, r.tr.ErrKind, p.up.Host)
 	r.tr.Status = status
 	r.atEOF = true
 	p.finishHandler(r)

@@ -86,15 +86,15 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) refusal {
 	ctx.Request.Header.CopyTo(&req.Header)
 	req.Header.SetNoDefaultContentType(true)
 	uri := ctx.Request.Header.RequestURI()
-	if p.up.prefix != "" {
-		joined := make([]byte, 0, len(p.up.prefix)+len(uri))
-		uri = append(append(joined, p.up.prefix...), uri...)
+	if p.up.Prefix != "" {
+		joined := make([]byte, 0, len(p.up.Prefix)+len(uri))
+		uri = append(append(joined, p.up.Prefix...), uri...)
 	}
 	req.SetRequestURIBytes(uri)
 	req.URI().DisablePathNormalizing = true
 	// An absolute-form target names its own scheme; the upstream's wins, as
 	// its host does (the HostClient refuses a scheme other than its own).
-	if p.up.tls {
+	if p.up.TLS {
 		req.URI().SetScheme("https")
 	} else {
 		req.URI().SetScheme("http")
@@ -118,9 +118,9 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) refusal {
 	if p.cfg.PreserveHost {
 		req.UseHostHeader = true
 	} else {
-		req.Header.SetHost(p.up.host)
+		req.Header.SetHost(p.up.Host)
 	}
-	req.URI().SetHost(p.up.host)
+	req.URI().SetHost(p.up.Host)
 	return p.readBody(ctx, r)
 }
 

@@ -29,7 +29,7 @@ const upstreamBufSize = 16 << 10
 // A pool is safe for concurrent use.
 type pool struct {
 	cfg   *Config
-	up    upstream
+	up    Upstream
 	stats *Stats
 	sem   chan struct{} // one token per connection in use: bounds upstream connections
 
@@ -40,7 +40,7 @@ type pool struct {
 	closed  bool // abortAll ran: idle connections are no longer kept
 }
 
-func newPool(cfg *Config, up upstream, stats *Stats) *pool {
+func newPool(cfg *Config, up Upstream, stats *Stats) *pool {
 	return &pool{cfg: cfg, up: up, stats: stats, sem: make(chan struct{}, cfg.MaxUpstreamConns), busy: map[*upConn]struct{}{}}
 }
 
@@ -206,13 +206,13 @@ func (e *dialError) Unwrap() error { return e.err }
 
 func (p *pool) dial() (*upConn, error) {
 	start := time.Now()
-	raw, err := fasthttp.DialTimeout(p.up.addr, p.cfg.DialTimeout)
+	raw, err := fasthttp.DialTimeout(p.up.Addr, p.cfg.DialTimeout)
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	if p.up.tls {
+	if p.up.TLS {
 		tc := tls.Client(raw, &tls.Config{ //nolint:gosec // InsecureSkipVerify is an opt-in flag
-			ServerName:         p.up.hostname,
+			ServerName:         p.up.Hostname,
 			InsecureSkipVerify: p.cfg.InsecureSkipVerify,
 		})
 		_ = tc.SetDeadline(time.Now().Add(p.cfg.DialTimeout))

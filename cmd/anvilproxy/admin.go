@@ -35,27 +35,29 @@ func adminMux(st *stack, token string) http.Handler {
 	st.rec.Register(mux)
 	mux.Handle("GET /snapshot", st.snaps.Handler())
 	mux.Handle("GET /status", st.statusHandler())
-	mux.Handle("GET /readyz", st.health.readyHandler())
+	mux.Handle("GET /diff", st.diffHandler())
+	mux.Handle("GET /readyz", st.health.readyHandler(token))
 	dashboard.Register(mux)
+	mis := newMisdirected(st, st.tap.log)
+	for _, p := range misdirectedPaths {
+		mux.Handle(p, mis)
+	}
 	if token == "" {
 		return mux
 	}
-	return requireToken(mux, token, "/requests", "/snapshot", "/status")
+	return requireToken(mux, token, "/requests", "/snapshot", "/status", "/diff")
 }
 
 // requireToken answers 401 to a request for one of paths that does not
-// carry "Authorization: Bearer token". The comparison takes the same time
-// whatever the guess. The rest (/metrics for Prometheus, /healthz and
+// carry "Authorization: Bearer token" (hasToken). The rest (/metrics for Prometheus, /healthz and
 // /readyz for probes, the dashboard's static page) stays open.
 func requireToken(next http.Handler, token string, paths ...string) http.Handler {
-	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		for _, p := range paths {
 			if r.URL.Path != p {
 				continue
 			}
-			got := []byte(r.Header.Get("Authorization"))
-			if subtle.ConstantTimeCompare(got, want) != 1 {
+			if !hasToken(r, token) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="anvilproxy admin"`)
 				http.Error(w, "anvilproxy: this admin endpoint needs --admin-token as a bearer token", http.StatusUnauthorized)
 				return
@@ -64,6 +66,12 @@ func requireToken(next http.Handler, token string, paths ...string) http.Handler
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// hasToken reports whether r carries "Authorization: Bearer token". The
+// comparison takes the same time whatever the guess.
+func hasToken(r *http.Request, token string) bool {
+	return subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), []byte("Bearer "+token)) == 1
 }
 
 // adminStats counts the admin listener's accept errors and refusals; they

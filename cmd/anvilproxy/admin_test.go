@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -11,8 +12,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// adminGet fetches an admin path with an optional bearer token.
+// adminGet fetches an admin path with an optional bearer token and returns
+// the status.
 func adminGet(t *testing.T, url, token string) int {
+	code, _ := adminFetch(t, url, token)
+	return code
+}
+
+// adminFetch fetches an admin path with an optional bearer token and returns
+// the status and the body.
+func adminFetch(t *testing.T, url, token string) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest("GET", url, nil)
 	require.NoError(t, err)
@@ -21,8 +30,10 @@ func adminGet(t *testing.T, url, token string) int {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
 }
 
 // TestAdminToken (A1): with --admin-token, the endpoints that list requests
@@ -39,6 +50,14 @@ func TestAdminToken(t *testing.T) {
 	for _, path := range []string{"/metrics", "/healthz", "/"} {
 		require.Equal(t, http.StatusOK, adminGet(t, s.adminURL+path, ""), path)
 	}
+	// /readyz stays open for probes, but the reason, which names the
+	// upstream, is for the token's holder.
+	host := strings.TrimPrefix(upURL, "http://")
+	require.Eventually(t, func() bool { return adminGet(t, s.adminURL+"/readyz", "") == http.StatusOK }, 5*time.Second, 20*time.Millisecond)
+	_, open := adminFetch(t, s.adminURL+"/readyz", "")
+	require.Equal(t, "ready (the reason needs --admin-token as a bearer token)\n", open)
+	_, full := adminFetch(t, s.adminURL+"/readyz", "s3cret")
+	require.Contains(t, full, host)
 	var out, errOut bytes.Buffer
 	require.Error(t, runTop([]string{"--once", s.adminURL}, &out, &errOut))
 	require.NoError(t, runTop([]string{"--once", "--admin-token", "s3cret", s.adminURL}, &out, &errOut), errOut.String())

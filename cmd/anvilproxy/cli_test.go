@@ -54,22 +54,23 @@ func TestFlagMistakeIsOneLine(t *testing.T) {
 // wrong scheme all say what to type.
 func TestUpstreamMistakesSuggestHTTP(t *testing.T) {
 	for raw, want := range map[string]string{
-		"127.0.0.1:8000":     "did you mean --upstream http://127.0.0.1:8000 ?",
-		"localhost:8000":     "did you mean --upstream http://localhost:8000 ?",
-		"ftp://gpu-box:8000": "the scheme must be http or https; did you mean --upstream http://gpu-box:8000 ?",
-		"http://":            "no host",
-		"gpu-box:8000/v1":    "did you mean --upstream http://gpu-box:8000/v1 ?",
+		"127.0.0.1:8000":               "did you mean --upstream http://127.0.0.1:8000 ?",
+		"localhost:8000":               "did you mean --upstream http://localhost:8000 ?",
+		"ftp://gpu-box:8000":           "the scheme must be http or https; did you mean --upstream http://gpu-box:8000 ?",
+		"http://":                      "no host",
+		"gpu-box:8000/v1":              "did you mean --upstream http://gpu-box:8000/v1 ?",
+		"http://u:s3cret@gpu-box:8000": `--upstream "http://u:xxxxx@gpu-box:8000": credentials in the upstream URL are not supported`,
 	} {
 		code, _, errOut := runCmd("serve", "--upstream", raw, "--listen", "127.0.0.1:0", "--admin-listen", "")
 		require.Equal(t, 1, code, raw)
 		require.Contains(t, errOut, want, raw)
 		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line: %s", errOut)
 	}
-	addr, prefix, err := checkUpstream("https://gpu-box/engine/v1/")
+	up, err := checkUpstream("https://gpu-box/engine/v1/")
 	require.NoError(t, err)
-	require.Equal(t, "gpu-box:443", addr)
-	require.Equal(t, "/engine/v1", prefix)
-	require.True(t, endsInV1(prefix))
+	require.Equal(t, "gpu-box:443", up.Addr)
+	require.Equal(t, "/engine/v1", up.Prefix)
+	require.True(t, endsInV1(up.Prefix))
 	require.Contains(t, v1Hint("https://gpu-box/engine/v1/"), "--upstream https://gpu-box/engine ")
 }
 

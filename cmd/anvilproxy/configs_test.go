@@ -141,6 +141,21 @@ func TestConfigsNameRealMetrics(t *testing.T) {
 	queries := map[string][]string{
 		"grafana/anvilproxy-dashboard.json": grafanaQueries(t, filepath.Join(configsDir, "grafana/anvilproxy-dashboard.json")),
 		"prometheus/anvilproxy.rules.yml":   ruleQueries(t, filepath.Join(configsDir, "prometheus/anvilproxy.rules.yml")),
+		"prometheus/anvilproxy.alerts.yml":  ruleQueries(t, filepath.Join(configsDir, "prometheus/anvilproxy.alerts.yml")),
+	}
+	// A recorded series an alert or a rule reads is recorded by one of them.
+	recorded := map[string]bool{}
+	for _, f := range []string{"anvilproxy.rules.yml", "anvilproxy.alerts.yml"} {
+		for _, r := range ruleRecords(t, filepath.Join(configsDir, "prometheus", f)) {
+			recorded[r] = true
+		}
+	}
+	for _, f := range []string{"anvilproxy.rules.yml", "anvilproxy.alerts.yml"} {
+		for _, expr := range ruleQueries(t, filepath.Join(configsDir, "prometheus", f)) {
+			for _, name := range recordedName.FindAllString(expr, -1) {
+				require.True(t, recorded[name], "%s: %q reads %s, which no rule records", f, expr, name)
+			}
+		}
 	}
 	for file, exprs := range queries {
 		require.NotEmpty(t, exprs, file)
@@ -184,6 +199,27 @@ func grafanaQueries(t *testing.T, path string) []string {
 	return out
 }
 
+var recordedName = regexp.MustCompile(`anvilproxy:[a-zA-Z0-9_:]+`)
+
+// ruleRecords returns the names a rule file records.
+func ruleRecords(t *testing.T, path string) []string {
+	raw, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct{ Rules []struct{ Record string } }
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &rules))
+	var out []string
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				out = append(out, r.Record)
+			}
+		}
+	}
+	return out
+}
+
 func ruleQueries(t *testing.T, path string) []string {
 	raw, err := os.ReadFile(path)
 	require.NoError(t, err)
@@ -207,7 +243,8 @@ func ruleQueries(t *testing.T, path string) []string {
 }
 
 // TestPromtool checks the Prometheus files with promtool when it is
-// installed (Debian: apt-get install prometheus).
+// installed (Debian: apt-get install prometheus), and runs the alerting
+// rules' unit tests (configs/prometheus/anvilproxy.alerts.test.yml).
 func TestPromtool(t *testing.T) {
 	bin, err := exec.LookPath("promtool")
 	if err != nil {
@@ -216,6 +253,9 @@ func TestPromtool(t *testing.T) {
 	for _, args := range [][]string{
 		{"check", "config", filepath.Join(configsDir, "prometheus/prometheus.yml")},
 		{"check", "rules", filepath.Join(configsDir, "prometheus/anvilproxy.rules.yml")},
+		{"check", "rules", filepath.Join(configsDir, "prometheus/anvilproxy.alerts.yml")},
+		// The alerts' unit tests: each fires on its shape, not on its neighbour's.
+		{"test", "rules", filepath.Join(configsDir, "prometheus/anvilproxy.alerts.test.yml")},
 	} {
 		out, err := exec.Command(bin, args...).CombinedOutput()
 		require.NoError(t, err, "promtool %s:\n%s", strings.Join(args, " "), out)

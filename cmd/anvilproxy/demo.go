@@ -204,8 +204,8 @@ func (d *demo) finish(stdout, stderr io.Writer) error {
 		return err
 	}
 	s := d.st.status(time.Now()) // after the drain: the counts of the report below
-	fmt.Fprintf(stdout, "\ndemo finished after %s: %s; the agents: %d turns answered, %d ended unfinished and re-sent, %d given up\n",
-		time.Since(d.started).Round(100*time.Millisecond), s.countsText(), d.w.turns.Load(), d.w.truncated.Load(), d.w.failed.Load())
+	fmt.Fprintf(stdout, "\ndemo finished after %s: %s; the agents: %s answered, %d ended unfinished and re-sent, %d given up\n",
+		time.Since(d.started).Round(100*time.Millisecond), s.countsText(), plural(d.w.turns.Load(), "turn"), d.w.truncated.Load(), d.w.failed.Load())
 	files, err := snapshotFiles(d.dir)
 	if err != nil {
 		return err
@@ -214,8 +214,8 @@ func (d *demo) finish(stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "no snapshot written: no request finished\n")
 		return nil
 	}
-	fmt.Fprintf(stdout, "snapshots: %d file(s) in %s\n\n$ anvilproxy report %s\n",
-		len(files), d.dir, filepath.Join(d.dir, "anvilproxy-*.json"))
+	fmt.Fprintf(stdout, "snapshots: %s in %s\n\n$ anvilproxy report %s\n",
+		plural(int64(len(files)), "file"), d.dir, filepath.Join(d.dir, "anvilproxy-*.json"))
 	return runReport(files, stdout, stderr)
 }
 

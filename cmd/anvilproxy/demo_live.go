@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/snapshot"
 )
 
 // The live table refreshes in place every second on a terminal; elsewhere
@@ -45,6 +46,10 @@ func refresh(ctx context.Context, w io.Writer, tty bool, every time.Duration, n 
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
+	width := 0
+	if f, ok := w.(*os.File); ok && tty {
+		width = termWidth(f)
+	}
 	lines := 0
 	for printed := 0; ; {
 		if printed > 0 {
@@ -58,6 +63,12 @@ func refresh(ctx context.Context, w io.Writer, tty bool, every time.Duration, n 
 			block = []string{"  " + err.Error()}
 		} else {
 			block = render(s, tty)
+		}
+		if tty {
+			// A line wider than the terminal wraps into rows that the
+			// cursor-up below would not count: each redraw would leave
+			// the previous one's extra rows behind.
+			block = fitLines(block, width)
 		}
 		if tty && lines > 0 {
 			fmt.Fprintf(w, "\x1b[%dA", lines) // back to the top of the previous block
@@ -79,6 +90,36 @@ func refresh(ctx context.Context, w io.Writer, tty bool, every time.Duration, n 
 	}
 }
 
+// defaultWidth is the terminal width assumed when it cannot be read.
+const defaultWidth = 80
+
+// fitLines breaks every line of block longer than width-1 runes (the last
+// column is left free: some terminals wrap on it) at a space, else
+// anywhere, continuing indented, so that each printed line is one row.
+func fitLines(block []string, width int) []string {
+	if width <= 0 {
+		width = defaultWidth
+	}
+	limit := max(width-1, 20)
+	var out []string
+	for _, l := range block {
+		for {
+			r := []rune(l)
+			if len(r) <= limit {
+				out = append(out, l)
+				break
+			}
+			cut := limit
+			if i := strings.LastIndex(string(r[:limit]), " "); i > limit/2 {
+				cut = len([]rune(string(r[:limit])[:i]))
+			}
+			out = append(out, strings.TrimRight(string(r[:cut]), " "))
+			l = "    " + strings.TrimLeft(string(r[cut:]), " ")
+		}
+	}
+	return out
+}
+
 // isTerminal reports whether w is a character device, so that ANSI cursor
 // movement redraws in place.
 func isTerminal(w io.Writer) bool {
@@ -96,8 +137,12 @@ func (s liveStatus) countsText() string {
 	for _, p := range []struct {
 		n    int64
 		name string
-	}{{s.Abandoned, histo.FailureAbandoned}, {s.Refused, histo.FailureRefused}, {s.Errors, "errors"}} {
-		if p.n > 0 {
+	}{{s.Abandoned, histo.FailureAbandoned}, {s.Refused, histo.FailureRefused}, {s.Errors, ""}} {
+		switch {
+		case p.n == 0:
+		case p.name == "":
+			parts = append(parts, plural(p.n, "error"))
+		default:
 			parts = append(parts, fmt.Sprintf("%d %s", p.n, p.name))
 		}
 	}
@@ -108,24 +153,13 @@ func (s liveStatus) countsText() string {
 	return fmt.Sprintf("%s, %s, %s", plural(s.Requests, "request"), failed, plural(s.Retries, "retry"))
 }
 
-// plural is "1 retry", "2 retries", "0 requests".
-func plural(n int64, word string) string {
-	if n == 1 {
-		return "1 " + word
-	}
-	if strings.HasSuffix(word, "y") {
-		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(word, "y"))
-	}
-	return fmt.Sprintf("%d %ss", n, word)
-}
+// plural is "1 retry", "2 retries", "0 requests": the report's words.
+func plural(n int64, word string) string { return snapshot.Plural(n, word) }
 
 // block is the table for a terminal: the same number of lines every time.
 func (s liveStatus) block(clockText string) []string {
-	head := fmt.Sprintf("  %s   %s   %d in flight   %s req/s", clockText, s.countsText(), s.Inflight, rateText(s.Recent.Rate))
-	window := fmt.Sprintf("last %ds", int(math.Round(s.Recent.Seconds)))
-	if s.Recent.Truncated {
-		window = fmt.Sprintf("newest %d", recentLimit)
-	}
+	window := s.recentName()
+	head := fmt.Sprintf("  %s   since start: %s   %d in flight", clockText, s.countsText(), s.Inflight)
 	cols := fmt.Sprintf("  %-12s", window)
 	p50, p99 := fmt.Sprintf("  %-12s", "p50 ms"), fmt.Sprintf("  %-12s", "p99 ms")
 	for _, ph := range s.Recent.Phases {
@@ -133,19 +167,27 @@ func (s liveStatus) block(clockText string) []string {
 		p50 += fmt.Sprintf("%10s", msText(float64(ph.P50)))
 		p99 += fmt.Sprintf("%10s", msText(float64(ph.P99)))
 	}
-	foot := fmt.Sprintf("  cache hit %s of prompt tokens   goodput %s since start (%s)   retry amplification %s",
-		pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), sloText(s.SLOs), ampl(float64(s.Amplification)))
-	return []string{head, cols, p50, p99, foot}
+	recent := fmt.Sprintf("  %-13s%s req/s   cache hit %s of prompt tokens", window, rateText(s.Recent.Rate), pctText(float64(s.Recent.CacheHit)))
+	total := fmt.Sprintf("  %-13sgoodput %s (%s)   retry amplification %s", "since start", pctText(float64(s.Goodput)), sloText(s.SLOs), ampl(float64(s.Amplification)))
+	return []string{head, cols, p50, p99, recent, total}
+}
+
+// recentName names the span the percentiles, rate and cache hit cover.
+func (s liveStatus) recentName() string {
+	if s.Recent.Truncated {
+		return fmt.Sprintf("newest %d", recentLimit)
+	}
+	return fmt.Sprintf("last %ds", int(math.Round(s.Recent.Seconds)))
 }
 
 // line is the table as one appended line, for logs.
 func (s liveStatus) line(clockText string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "  %s  %s  %d in flight | p50/p99 ms", clockText, s.countsText(), s.Inflight)
+	fmt.Fprintf(&b, "  %s  since start: %s  %d in flight | %s p50/p99 ms", clockText, s.countsText(), s.Inflight, s.recentName())
 	for _, ph := range s.Recent.Phases {
 		fmt.Fprintf(&b, "  %s %s/%s", ph.Name, msText(float64(ph.P50)), msText(float64(ph.P99)))
 	}
-	fmt.Fprintf(&b, " | cache %s  goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
+	fmt.Fprintf(&b, "  cache %s | since start: goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
 	return b.String()
 }
 

@@ -1,6 +1,6 @@
 // Command anvilproxy is a transparent measuring reverse proxy for LLM
 // inference servers. Subcommands: serve (the default), top, sim, demo,
-// report and bench.
+// report, diff and bench.
 //
 // Flags are parsed here and only here; the packages take plain Config structs.
 package main
@@ -25,6 +25,7 @@ Usage:
   anvilproxy top [ADMIN-URL]   a live table of a running proxy, in the terminal (default http://127.0.0.1:9464)
   anvilproxy demo [flags]      sim + proxy + simulated coding agents, with a live table and dashboard
   anvilproxy report FILE|DIR...  merge v1 snapshots and print where the time goes
+  anvilproxy diff BASE CURRENT   the regression gate: which phase moved, --fail-on 'ttft.p99>+25%'
   anvilproxy sim [flags]       run the simulated inference server
   anvilproxy bench [--quick]   measure the proxy's overhead against direct, nginx, Caddy, HAProxy
   anvilproxy help              show this help
@@ -54,6 +55,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runDemo(args, stdout, stderr)
 	case "report":
 		err = runReport(args, stdout, stderr)
+	case "diff":
+		err = runDiff(args, stdout, stderr)
 	case "bench":
 		err = runBench(args, stdout, stderr)
 	case "top":
@@ -72,6 +75,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, errUsage):
 		return 2
+	case errors.Is(err, errGate):
+		return 1 // the reason is printed
 	}
 	fmt.Fprintf(stderr, "anvilproxy %s: %v\n", cmd, err)
 	return 1

@@ -20,7 +20,7 @@ import (
 
 // startStackFor starts serve's wiring in front of upstream with a fast
 // probe, logging into the returned buffer.
-func startStackFor(t *testing.T, upstream string) (*stack, *lockedBuffer) {
+func startStackFor(t *testing.T, upstream string, opts ...func(*serveFlags)) (*stack, *lockedBuffer) {
 	t.Helper()
 	var f serveFlags
 	f.register(flag.NewFlagSet("serve", flag.ContinueOnError))
@@ -28,6 +28,9 @@ func startStackFor(t *testing.T, upstream string) (*stack, *lockedBuffer) {
 	f.upstream, f.probeEvery = upstream, 100*time.Millisecond
 	f.sim = sim.Config{PrefillTokensPerSec: 1e6, DecodeTokensPerSec: 5000}
 	f.cfg.DialTimeout = time.Second
+	for _, o := range opts {
+		o(&f)
+	}
 	logs := &lockedBuffer{}
 	log, err := newLogger(logs, "info")
 	require.NoError(t, err)
@@ -95,6 +98,27 @@ func TestDeadUpstreamNotReady(t *testing.T) {
 	require.Regexp(t, `^ready: upstream reachable \S+ ago \(http://127\.0\.0\.1:\d+\)\n$`, body)
 	require.Contains(t, logs.String(), "upstream reachable again")
 	require.Equal(t, 1, strings.Count(logs.String(), "upstream unreachable"), "a transition is logged once:\n%s", logs)
+}
+
+// TestProxy502IsNotTheEngines: the proxy's own 502 for a request to a
+// dead engine is no evidence that the engine answers: /readyz stays 503
+// and the log never says the upstream is reachable again (issue 27, 1).
+// Without the probe, the traffic is the only evidence after the start.
+func TestProxy502IsNotTheEngines(t *testing.T) {
+	st, logs := startStackFor(t, "http://"+freeAddr(t), func(f *serveFlags) { f.probeEvery = 0 })
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "upstream unreachable") }, 10*time.Second, 20*time.Millisecond)
+	for range 3 {
+		resp, err := http.Post(st.proxyURL+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"m","messages":[]}`))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	}
+	require.Eventually(t, func() bool { return st.tap.outcomes.requests.Load() == 3 }, 5*time.Second, 10*time.Millisecond)
+	code, body := get(t, st.adminURL+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+	require.Contains(t, body, "not ready: upstream unreachable")
+	require.NotContains(t, logs.String(), "reachable again")
 }
 
 // TestReadinessGoesStale: with a probe interval, evidence older than three

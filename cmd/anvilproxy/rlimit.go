@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -31,12 +32,26 @@ func raiseFileLimit(log *zap.Logger) int {
 			lim = raised
 		}
 	}
-	reserve := min(fdReserve, lim.Cur/4)
-	bound := max(int((lim.Cur-reserve)/2), 1)
+	bound, warn := streamBound(lim.Cur)
 	log.Info("open-file limit", zap.Uint64("soft_at_start", soft), zap.Uint64("soft", lim.Cur), zap.Uint64("hard", lim.Max),
 		zap.Int("max_conns", bound))
-	if bound < 10000 {
-		log.Warn("the open-file limit holds fewer than 10,000 streams; raise it (ulimit -n, LimitNOFILE=) to serve more", zap.Uint64("limit", lim.Cur))
+	if warn {
+		log.Warn(fmt.Sprintf("the open-file limit of %d holds %d concurrent streams (two descriptors each, less a reserve), fewer than %d; raise it (ulimit -n, LimitNOFILE=) to serve more",
+			lim.Cur, bound, minStreams), zap.Uint64("limit", lim.Cur), zap.Int("streams", bound))
 	}
 	return bound
+}
+
+// minStreams is the fewest concurrent streams the file limit should hold
+// before the start warns: several times the slots of a large engine
+// (vLLM's --max-num-seqs defaults to 256), with its queue. The default soft
+// limit of 1024 holds 384 and warns; 20,000 holds 9,872 and does not.
+const minStreams = 4096
+
+// streamBound is the client-connection bound a limit of fds open files
+// allows, and whether it is below minStreams.
+func streamBound(fds uint64) (bound int, warn bool) {
+	reserve := min(fdReserve, fds/4)
+	bound = max(int((fds-reserve)/2), 1)
+	return bound, bound < minStreams
 }

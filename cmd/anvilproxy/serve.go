@@ -40,6 +40,7 @@ type serveFlags struct {
 	shutdownGrace time.Duration
 	models        string
 	slos          sloFlag
+	baseline      string
 	cfg           proxy.Config
 	histo         histo.Config
 	snapshot      snapshot.Config
@@ -85,11 +86,12 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "file of flag=value lines, one flag per line, # comments (configs/anvilproxy.example.conf lists every flag); flags on the command line override it")
 	fs.StringVar(&f.listen, "listen", ":8080", "address the proxy listens on for agents (host:port)")
 	fs.StringVar(&f.adminListen, "admin-listen", ":9464", "address of the admin listener: the dashboard at /, /metrics, /snapshot, /requests, /status, /healthz, /readyz (separate from --listen so no upstream path is shadowed); empty disables it")
-	fs.StringVar(&f.adminToken, "admin-token", "", "when set, /requests, /snapshot and /status answer only requests with \"Authorization: Bearer TOKEN\" (open the dashboard as /#token=TOKEN); /metrics, /healthz and /readyz stay open for scrapers and probes")
+	fs.StringVar(&f.adminToken, "admin-token", "", "when set, /requests, /snapshot, /status and /diff answer only requests with \"Authorization: Bearer TOKEN\" (open the dashboard as /#token=TOKEN); /metrics, /healthz and /readyz stay open for scrapers and probes")
 	fs.DurationVar(&f.snapshot.Interval, "snapshot-interval", snapshot.DefaultInterval, "length of a measurement window (rolling goodput; one snapshot file per window with --snapshot-dir)")
 	fs.StringVar(&f.snapshot.Dir, "snapshot-dir", "", "directory for one anvil-serving.benchmark/v1 snapshot file per window, written atomically (one proxy per directory); empty writes none")
 	fs.IntVar(&f.snapshot.Keep, "snapshot-keep", snapshot.DefaultKeep, "most snapshot files kept in --snapshot-dir; the oldest are removed first")
 	fs.Int64Var(&f.snapshot.MaxBytes, "snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of snapshot files kept in --snapshot-dir; the oldest are removed first (the newest is always kept)")
+	fs.StringVar(&f.baseline, "baseline", "", "snapshot file or directory (several joined with commas) the dashboard compares the window in progress against, as anvilproxy diff does (admin /diff)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
 	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 0, "a hint of the upstream engine's concurrent sequences for the queue/prefill split; 0: learn it from observation (evidence overrides a hint, with a warning)")
 	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server root URL, http(s)://host:port[/prefix], without the /v1 of its OpenAI base URL (the client's /v1/... path is appended); "sim" starts the simulated engine in-process on a loopback port`)
@@ -161,16 +163,18 @@ func runServe(args []string, stderr io.Writer) error {
 // snapshot Writer (started), the admin listener (serving) and, with
 // --upstream sim, the embedded engine.
 type stack struct {
-	proxy    *proxy.Proxy
-	ln       net.Listener // the data listener; the caller serves it
-	reg      *prometheus.Registry
-	rec      *histo.Recorder
-	snaps    *snapshot.Writer
-	tap      *tap            // between the proxy and rec: outcomes, reachability, hints
-	health   *upstreamHealth // /readyz
-	upstream string          // the upstream in use: the embedded engine's URL with --upstream sim
-	started  time.Time
-	slos     string // --slo, in flag form
+	proxy     *proxy.Proxy
+	ln        net.Listener // the data listener; the caller serves it
+	reg       *prometheus.Registry
+	rec       *histo.Recorder
+	snaps     *snapshot.Writer
+	tap       *tap            // between the proxy and rec: outcomes, reachability, hints
+	health    *upstreamHealth // /readyz
+	upstream  string          // the upstream in use: the embedded engine's URL with --upstream sim
+	started   time.Time
+	slos      string             // --slo, in flag form
+	baseline  *snapshot.Document // --baseline, merged; nil without one (read-only)
+	snapEvery time.Duration      // --snapshot-interval: the snapshot window's length
 
 	proxyURL, adminURL string // http://host:port; adminURL is "" without an admin listener
 	adminAddr          string // the admin listener's bound address; "" without one
@@ -181,7 +185,13 @@ type stack struct {
 // startStack builds the stack that f describes. On error, whatever it
 // started is stopped again.
 func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
-	st := &stack{started: time.Now(), slos: f.slos.String()}
+	st := &stack{started: time.Now(), slos: f.slos.String(), snapEvery: f.snapshot.Interval}
+	if st.snapEvery <= 0 {
+		st.snapEvery = snapshot.DefaultInterval
+	}
+	if st.baseline, err = loadBaseline(f.baseline); err != nil {
+		return nil, fmt.Errorf("--baseline: %w", err)
+	}
 	defer func() {
 		if err != nil {
 			st.stop()
@@ -193,11 +203,11 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		cfg.Models = strings.Split(f.models, ",")
 	}
 	if f.upstream != embeddedUpstream {
-		_, prefix, err := checkUpstream(f.upstream)
+		up, err := checkUpstream(f.upstream)
 		if err != nil {
 			return nil, err
 		}
-		if endsInV1(prefix) {
+		if endsInV1(up.Prefix) {
 			log.Warn(v1Hint(redacted(f.upstream)), zap.String("upstream", redacted(f.upstream)))
 		}
 	}
@@ -226,35 +236,45 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}
 	st.rec.SelfCheck().Start()
 	st.stops = append(st.stops, st.rec.SelfCheck().Stop)
-	addr, prefix, err := checkUpstream(cfg.Upstream)
+	up, err := checkUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
 	st.health = newUpstreamHealth(redacted(cfg.Upstream), f.probeEvery, log)
-	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(prefix)}
+	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(up.Prefix)}
 	if st.proxy, err = proxy.New(cfg, log, st.tap); err != nil {
 		return nil, err
 	}
 	registerProxyStats(st.reg, st.proxy.Stats())
-	st.startProbes(addr, prefix, cfg)
+	st.startProbes(up, cfg)
 	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
 		return nil, err
 	}
 	if st.ln, err = net.Listen("tcp", f.listen); err != nil {
-		return nil, fmt.Errorf("listening: %w", err)
+		return nil, bindError("--listen", f.listen, "the agents' address", err)
 	}
 	st.stops = append(st.stops, func() { st.ln.Close() })
 	st.proxyURL = "http://" + st.ln.Addr().String()
 	if f.adminListen != "" {
 		addr, stop, err := startAdmin(f.adminListen, adminMux(st, f.adminToken), log)
 		if err != nil {
-			return nil, err
+			return nil, bindError("--admin-listen", f.adminListen, "the dashboard's and /metrics' address; empty disables it", err)
 		}
 		st.stops = append(st.stops, stop)
 		st.adminAddr, st.adminURL = addr, "http://"+addr
 	}
 	st.snaps.Start()
 	return st, nil
+}
+
+// bindError names the flag behind a listener that could not bind, so that
+// "address already in use" says which port to change.
+func bindError(flagName, addr, what string, err error) error {
+	hint := ""
+	if errors.Is(err, syscall.EADDRINUSE) {
+		hint = ": another process listens there; choose a free one"
+	}
+	return fmt.Errorf("%s %s (%s) cannot be used: %w%s", flagName, addr, what, err, hint)
 }
 
 // close writes the final snapshot (call it once the proxy has drained, so
@@ -299,7 +319,7 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 	ctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	go func() {
-		<-sigc
+		secondSignal(sigc, time.Now(), time.After(signalEcho), log)
 		log.Warn("second signal: exiting at once")
 		_ = log.Sync()
 		os.Exit(1)
@@ -313,6 +333,32 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		return fmt.Errorf("shutting down: %w", err)
 	}
 	return nil
+}
+
+// signalEcho is how long after the first signal another one is the same
+// request. GNU timeout sends its signal to the command and then to the
+// whole process group (timeout.c, cleanup: send_sig to the child, then
+// send_sig (0, sig) unless --foreground), so the proxy under "timeout"
+// gets SIGTERM twice, microseconds apart; a supervisor that signals a
+// process and its cgroup does the same. A person's second Ctrl-C comes
+// later than this.
+const signalEcho = time.Second
+
+// secondSignal returns at the first signal on sigc after echoEnd fires;
+// those before it are the first signal's echo and are logged, not obeyed.
+func secondSignal(sigc <-chan os.Signal, first time.Time, echoEnd <-chan time.Time, log *zap.Logger) {
+	for {
+		select {
+		case sig := <-sigc:
+			log.Info("signal again at once: the same request (timeout signals the process and its group); a later one exits at once",
+				zap.Stringer("signal", sig), zap.Duration("after", time.Since(first)))
+			continue
+		case <-echoEnd:
+			log.Debug("a second signal now exits at once")
+		}
+		<-sigc
+		return
+	}
 }
 
 // abortDrain bounds the wait, after Abort, for the cut requests to record
@@ -340,7 +386,7 @@ const defaultProbeEvery = 5 * time.Second
 // startProbes checks the upstream once over HTTP (in the background, so
 // that a slow upstream does not hold the start) and then, with a probe
 // interval, by TCP connect until the stack stops.
-func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
+func (st *stack) startProbes(up proxy.Upstream, cfg proxy.Config) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	timeout := cfg.DialTimeout
@@ -349,9 +395,9 @@ func (st *stack) startProbes(addr, prefix string, cfg proxy.Config) {
 	}
 	go func() {
 		defer close(done)
-		st.health.startProbe(ctx, cfg.Upstream, prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
+		st.health.startProbe(ctx, cfg.Upstream, up.Prefix, timeout+startProbeWait, cfg.InsecureSkipVerify)
 		if st.health.every > 0 {
-			st.health.probeLoop(ctx, addr, timeout)
+			st.health.probeLoop(ctx, up.Addr, timeout)
 		}
 	}()
 	st.stops = append(st.stops, func() { cancel(); <-done })

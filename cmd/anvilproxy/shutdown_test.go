@@ -125,7 +125,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	results := startStreams(s.proxyURL, 2, 200)
 	require.Eventually(t, func() bool { return up.active.Load() == 2 }, 5*time.Second, 5*time.Millisecond)
 	s.signal(t)
-	s.waitLog(t, `"msg":"shutting down"`) // the first signal is being handled
+	s.waitLog(t, `"msg":"a second signal now exits at once"`) // past the first signal's echo (signalEcho)
 	again := s.signal(t)
 	require.Equal(t, 1, s.wait(t, 3*time.Second))
 	require.Less(t, s.exitedAt.Sub(again), time.Second)

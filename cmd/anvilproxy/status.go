@@ -29,9 +29,15 @@ type liveStatus struct {
 	Retries   int64 `json:"retries"`   // requests that repeated an earlier one
 	Inflight  int64 `json:"inflight"`
 
-	Amplification histo.Float `json:"retry_amplification"` // null without traffic
+	Amplification histo.Float `json:"retry_amplification"` // attempts per logical request since start; null without traffic
 	Goodput       histo.Float `json:"goodput"`             // since start; null without requests
 	SLOs          string      `json:"slos"`
+
+	// SnapshotWindow is the snapshot window in progress, which /snapshot
+	// and the dashboard's goodput, cache, retry and drift panels cover:
+	// its start and its length (--snapshot-interval). The live table's
+	// counts are since start, its percentiles over Recent.
+	SnapshotWindow snapshotWindow `json:"snapshot_window"`
 
 	Recent recentStats `json:"last"`
 
@@ -54,6 +60,13 @@ type phaseStats struct {
 	Name string      `json:"name"`
 	P50  histo.Float `json:"p50_ms"`
 	P99  histo.Float `json:"p99_ms"`
+}
+
+// snapshotWindow is the measurement window in progress.
+type snapshotWindow struct {
+	Start   time.Time `json:"start"`
+	Seconds float64   `json:"seconds"`   // its full length, --snapshot-interval
+	Elapsed float64   `json:"elapsed_s"` // how much of it has passed
 }
 
 // listeners says where the proxy listens and what each listener exposes.
@@ -84,8 +97,13 @@ func (st *stack) status(now time.Time) liveStatus {
 		Listeners: listeners{Proxy: st.proxyURL, Admin: st.adminURL},
 	}
 	s.Completed = s.Requests - s.Failed
-	if a := st.proxy.Retries().Stats().Amplification; a > 0 {
-		s.Amplification = histo.Float(a)
+	// Since start, as the counts beside it: the tracker's own
+	// Amplification covers only its last --retry-window.
+	if rs := st.proxy.Retries().Stats(); rs.Logical > 0 {
+		s.Amplification = histo.Float(float64(rs.Attempts) / float64(rs.Logical))
+	}
+	if start := st.rec.WindowStart(); !start.IsZero() {
+		s.SnapshotWindow = snapshotWindow{Start: start.UTC(), Seconds: st.snapEvery.Seconds(), Elapsed: now.Sub(start).Seconds()}
 	}
 	if _, total := st.rec.Goodput(); total.Requests > 0 {
 		s.Goodput = histo.Float(total.Ratio)

@@ -98,11 +98,11 @@ func (t *tap) hint404(tr *proxy.Trace) {
 
 // upstreamPath is where the proxy sent a request for path.
 func upstreamPath(upstream, path string) string {
-	_, prefix, err := checkUpstream(upstream)
+	up, err := checkUpstream(upstream)
 	if err != nil {
 		return path
 	}
-	return prefix + path
+	return up.Prefix + path
 }
 
 var _ proxy.Recorder = (*tap)(nil)

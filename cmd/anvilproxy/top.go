@@ -85,7 +85,7 @@ func adminBase(raw string) (string, error) {
 		raw = "http://" + raw
 	}
 	raw = strings.TrimSuffix(strings.TrimSuffix(raw, "/"), "/status")
-	if _, _, err := checkUpstream(raw); err != nil {
+	if _, err := checkUpstream(raw); err != nil {
 		return "", fmt.Errorf("admin URL %q: want http://host:port of the proxy's --admin-listen", raw)
 	}
 	return raw, nil

@@ -59,15 +59,16 @@ func TestTopAgainstARunningProxy(t *testing.T) {
 	code, out, errOut := runCmd("top", "--once", st.adminURL)
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	require.Len(t, lines, 6, out)
+	require.Len(t, lines, 7, out)
 	// Three identical bodies from one client: the retry tracker takes the
 	// second and third for retries of the first.
-	require.Regexp(t, `^  up 0:\d\d   3 requests, 0 failed, 2 retries   0 in flight   \d+\.\d req/s$`, lines[0])
+	require.Regexp(t, `^  up 0:\d\d   since start: 3 requests, 0 failed, 2 retries   0 in flight$`, lines[0])
 	require.Regexp(t, `^  last \d+s +queue   prefill      ttfo      ttft      tpot$`, lines[1])
 	require.Regexp(t, `^  p50 ms  `, lines[2])
 	require.Regexp(t, `^  p99 ms  `, lines[3])
-	require.Regexp(t, `^  cache hit \S+ of prompt tokens   goodput 100\.0% since start \(no SLO: requests that did not fail\)   retry amplification 3\.00x$`, lines[4])
-	require.Regexp(t, `^  upstream  ready: upstream reachable \S+ ago  \(http://127\.0\.0\.1:\d+\)$`, lines[5])
+	require.Regexp(t, `^  last \d+s +\d+\.\d req/s   cache hit \S+ of prompt tokens$`, lines[4])
+	require.Regexp(t, `^  since start  goodput 100\.0% \(no SLO: requests that did not fail\)   retry amplification 3\.00x$`, lines[5])
+	require.Regexp(t, `^  upstream  ready: upstream reachable \S+ ago  \(http://127\.0\.0\.1:\d+\)$`, lines[6])
 
 	// host:port works as well as a URL; --count prints that many lines.
 	code, out, errOut = runCmd("top", "--count", "2", "--plain", "--interval", "50ms", strings.TrimPrefix(st.adminURL, "http://"))
@@ -75,7 +76,7 @@ func TestTopAgainstARunningProxy(t *testing.T) {
 	lines = strings.Split(strings.TrimRight(out, "\n"), "\n")
 	require.Len(t, lines, 2, out)
 	for _, l := range lines {
-		require.Regexp(t, `^  up 0:\d\d  3 requests, 0 failed, 2 retries  0 in flight \| p50/p99 ms  queue `, l)
+		require.Regexp(t, `^  up 0:\d\d  since start: 3 requests, 0 failed, 2 retries  0 in flight \| last \d+s p50/p99 ms  queue `, l)
 	}
 
 	code, _, errOut = runCmd("top", "--once", "http://"+freeAddr(t))

@@ -2,47 +2,20 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
-// checkUpstream validates an --upstream URL before the proxy parses it, so
-// that the usual mistakes get an answer that says what to type: a bare
-// host:port (url.Parse reads "127.0.0.1:8000" as a path with a colon and
-// "localhost:8000" as scheme "localhost") and a scheme other than http(s).
-// It returns the dial address (host:port) and the path prefix.
-func checkUpstream(raw string) (addr, prefix string, err error) {
-	suggest := func(why string) error {
-		bare := strings.TrimPrefix(raw, "//")
-		if i := strings.Index(bare, "://"); i >= 0 {
-			bare = bare[i+3:]
-		}
-		return fmt.Errorf("--upstream %q: %s; did you mean --upstream http://%s ?", raw, why, bare)
-	}
-	if !strings.Contains(raw, "://") {
-		return "", "", suggest("not a URL (no http:// or https://)")
-	}
-	u, err := url.Parse(raw)
+// checkUpstream parses an --upstream URL with proxy.ParseUpstream, the one
+// parser of it, and names the flag in its error.
+func checkUpstream(raw string) (proxy.Upstream, error) {
+	up, err := proxy.ParseUpstream(raw)
 	if err != nil {
-		return "", "", suggest("not a URL")
+		return up, fmt.Errorf("--upstream %w", err)
 	}
-	port := "80"
-	switch u.Scheme {
-	case "http":
-	case "https":
-		port = "443"
-	default:
-		return "", "", suggest("the scheme must be http or https")
-	}
-	if u.Host == "" {
-		return "", "", suggest("no host")
-	}
-	addr = u.Host
-	if u.Port() == "" {
-		addr = net.JoinHostPort(u.Hostname(), port)
-	}
-	return addr, strings.TrimSuffix(u.EscapedPath(), "/"), nil
+	return up, nil
 }
 
 // redacted is raw with any password replaced by "xxxxx", for /readyz,

@@ -116,9 +116,11 @@ func (h *upstreamHealth) ready() readiness {
 }
 
 // readyHandler serves /readyz: 200 when ready, else 503, with the reason
-// as one line of text.
-func (h *upstreamHealth) readyHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+// as one line of text. With an admin token, the reason and the upstream's
+// address (a failure's text names it too) are for a request that carries the
+// token; a probe without it gets the verdict alone, since /readyz stays open.
+func (h *upstreamHealth) readyHandler(token string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r := h.ready()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -126,6 +128,10 @@ func (h *upstreamHealth) readyHandler() http.Handler {
 		if !r.Ready {
 			word = "not ready"
 			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		if token != "" && !hasToken(req, token) {
+			fmt.Fprintf(w, "%s (the reason needs --admin-token as a bearer token)\n", word)
+			return
 		}
 		fmt.Fprintf(w, "%s: %s (%s)\n", word, r.Reason, r.Upstream)
 	})
@@ -180,6 +186,14 @@ func (h *upstreamHealth) startProbe(ctx context.Context, upstream string, prefix
 		return 0
 	}
 	resp, err := cl.Do(req)
+	if ctx.Err() != nil {
+		// The stack is stopping (a listener failed to bind, or shutdown):
+		// a canceled probe says nothing about the upstream.
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return 0
+	}
 	if err != nil {
 		h.bad(h.now(), err.Error())
 		return 0

@@ -40,7 +40,7 @@ console.log(d.driftRows([{at: "2026-01-01T00:00:03Z"}, {at: "2026-01-01T00:00:01
 		"0, 200ms, 400ms",
 		"0, 1.25ms, 2.50ms",
 		"0, 5m, 10m, 15m, 20m",
-		"5 requests, 4 failed (1 abandoned, 2 refused, 1 errors)",
+		"5 requests, 4 failed (1 abandoned, 2 refused, 1 error)",
 		"1 request, 0 failed",
 		"02 03 04",
 	}, strings.Split(strings.TrimSpace(string(out)), "\n"))

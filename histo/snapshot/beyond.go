@@ -57,16 +57,16 @@ func writeConversations(b *strings.Builder, s *histo.ConversationsSection, windo
 	}
 	engine := histo.Float(1 - float64(s.AgentShare))
 	blank(b)
-	turns := fmt.Sprintf("%d turns", s.Turns)
+	turns := Plural(s.Turns, "turn")
 	if windows == 1 { // merged, a conversation counts once per window
-		turns += fmt.Sprintf(" of %d conversations", s.Conversations)
+		turns += " of " + Plural(s.Conversations, "conversation")
 	}
 	fmt.Fprintf(b, "agent/engine  %s in the agent, %s in the engine (%s; agent gap p50 %s, p90 %s)\n",
 		percent(Num(s.AgentShare)), percent(Num(engine)), turns, duration(s.AgentGapMs.P50), duration(s.AgentGapMs.P90))
 	if len(s.Slowest) > 0 {
 		c := s.Slowest[0]
-		fmt.Fprintf(b, "  slowest conversation %s: %d turns over %s, %s agent, %s engine\n",
-			c.Conversation, c.Turns, duration(c.WallMs), percent(Num(c.AgentShare)), percent(Num(c.EngineShare)))
+		fmt.Fprintf(b, "  slowest conversation %s: %s over %s, %s agent, %s engine\n",
+			c.Conversation, Plural(int64(c.Turns), "turn"), duration(c.WallMs), percent(Num(c.AgentShare)), percent(Num(c.EngineShare)))
 	}
 }
 
@@ -84,7 +84,7 @@ func writeLedger(b *strings.Builder, s *histo.LedgerSection) {
 		return
 	}
 	blank(b)
-	fmt.Fprintf(b, "prompt ledger  %s sent in %d prompts (~%d bytes/token)\n", size(float64(s.PromptBytes)), s.Requests, s.BytesPerToken)
+	fmt.Fprintf(b, "prompt ledger  %s sent in %s (~%d bytes/token)\n", size(float64(s.PromptBytes)), Plural(s.Requests, "prompt"), s.BytesPerToken)
 	parts := [][]string{{"part", "sent", "tokens est", "share", "p50/request", "p95/request"}}
 	for i, p := range ledgerParts(&s.Parts) {
 		parts = append(parts, []string{partNames[i], size(float64(p.Bytes)), fmt.Sprint(p.TokensEst), percent(Num(p.Share)),
@@ -209,7 +209,7 @@ func groupReasons(reasons []string) []string {
 		case g.n == 1:
 			out = append(out, g.head+g.peakText+g.tail)
 		default:
-			out = append(out, fmt.Sprintf("%sup to %s%s (%d windows)", g.head, g.peakText, g.tail, g.n))
+			out = append(out, fmt.Sprintf("%sup to %s%s (%s)", g.head, g.peakText, g.tail, Plural(int64(g.n), "window")))
 		}
 	}
 	return out

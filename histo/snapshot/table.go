@@ -21,8 +21,8 @@ func WriteTable(w io.Writer, doc *Document) error {
 		return fmt.Errorf("snapshot: the document has no anvilproxy object; merge it first")
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d requests: %d completed, %s%s; %s\n",
-		doc.Requests, doc.Completed, failedText(doc), retriesText(ext), spanText(doc, ext))
+	fmt.Fprintf(&b, "%s: %d completed, %s%s; %s\n",
+		Plural(doc.Requests, "request"), doc.Completed, failedText(doc), retriesText(ext), spanText(doc, ext))
 	model := "-"
 	if doc.Model != nil {
 		model = *doc.Model
@@ -53,7 +53,7 @@ func WriteTable(w io.Writer, doc *Document) error {
 		if slots.Hint >= 0 {
 			hint = fmt.Sprint(slots.Hint)
 		}
-		fmt.Fprintf(&b, "engine      %d slots for the occupancy split (%s; --engine-slots %s)\n", slots.Effective, slots.State, hint)
+		fmt.Fprintf(&b, "engine      %s for the occupancy split (%s; --engine-slots %s)\n", Plural(int64(slots.Effective), "slot"), slots.State, hint)
 	}
 	thr := metricNum(doc.Metrics["throughput_tok_s"])
 	fmt.Fprintf(&b, "throughput  %s tok/s output\n", num(thr))
@@ -62,7 +62,7 @@ func WriteTable(w io.Writer, doc *Document) error {
 	if len(g.Curves) > 0 {
 		slos = "within every SLO"
 	}
-	fmt.Fprintf(&b, "goodput     %s (%d of %d requests; %s)\n", percent(Num(g.Ratio)), g.Good, g.Requests, slos)
+	fmt.Fprintf(&b, "goodput     %s (%d of %s; %s)\n", percent(Num(g.Ratio)), g.Good, Plural(g.Requests, "request"), slos)
 	for _, c := range g.Curves {
 		points := make([]string, len(c.Points))
 		for i, p := range c.Points {
@@ -76,8 +76,72 @@ func WriteTable(w io.Writer, doc *Document) error {
 	for _, n := range ext.Notes {
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
-	_, err := io.WriteString(w, b.String())
+	_, err := io.WriteString(w, wrapLines(b.String(), ReportWidth))
 	return err
+}
+
+// ReportWidth is the widest line of the report: a terminal of 100 columns
+// shows it unwrapped.
+const ReportWidth = 100
+
+// wrapLines breaks every line of text wider than width (in runes) at a
+// clause (after "; " or ", "), else at a space, and indents what follows
+// under the line's text: past its label (the first run of two or more
+// spaces, as in "cache hit   …") or its own indentation, plus two.
+func wrapLines(text string, width int) string {
+	lines := strings.SplitAfter(text, "\n")
+	var b strings.Builder
+	for _, l := range lines {
+		nl := strings.HasSuffix(l, "\n")
+		l = strings.TrimSuffix(l, "\n")
+		indent := strings.Repeat(" ", hangingIndent(l))
+		for len([]rune(l)) > width {
+			cut := breakAt(l, width)
+			if cut <= len(indent) {
+				break // one word longer than the line: leave it
+			}
+			b.WriteString(strings.TrimRight(l[:cut], " ") + "\n")
+			l = indent + strings.TrimLeft(l[cut:], " ")
+		}
+		b.WriteString(l)
+		if nl {
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// hangingIndent is where a wrapped line's continuation starts.
+func hangingIndent(l string) int {
+	lead := len(l) - len(strings.TrimLeft(l, " "))
+	if i := strings.Index(l[lead:], "  "); i > 0 && i < 24 {
+		j := lead + i
+		for j < len(l) && l[j] == ' ' {
+			j++
+		}
+		return j
+	}
+	return lead + 2
+}
+
+// breakAt is the byte offset to break l at so that the first part is at
+// most width runes: after the last "; " or ", " in the last fifth of
+// the line, else after the last space.
+func breakAt(l string, width int) int {
+	limit := len(l)
+	if r := []rune(l); len(r) > width {
+		limit = len(string(r[:width]))
+	}
+	head := l[:limit]
+	for _, sep := range []string{"; ", ", "} {
+		if i := strings.LastIndex(head, sep); i > limit*4/5 {
+			return i + len(sep)
+		}
+	}
+	if i := strings.LastIndex(head, " "); i > 0 {
+		return i + 1
+	}
+	return 0 // no space: the caller leaves the line whole
 }
 
 func percentileSource(ext *Extension) string {
@@ -182,7 +246,7 @@ func writeCache(b *strings.Builder, doc *Document, ext *Extension) {
 	}
 	inferred := "-"
 	if cache.Inferred.Requests > 0 {
-		inferred = fmt.Sprintf("%s of %d prompt tokens (%d requests)", percent(Num(cache.Inferred.Ratio)), cache.Inferred.PromptTokens, cache.Inferred.Requests)
+		inferred = fmt.Sprintf("%s of %s (%s)", percent(Num(cache.Inferred.Ratio)), Plural(cache.Inferred.PromptTokens, "prompt token"), Plural(cache.Inferred.Requests, "request"))
 	}
 	fmt.Fprintf(b, "cache hit   engine-reported %s; inferred from prefill time %s\n", reported, inferred)
 }

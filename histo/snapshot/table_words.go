@@ -41,9 +41,14 @@ func failedText(doc *Document) string {
 	}
 	var parts []string
 	for _, c := range []struct{ class, name string }{
-		{histo.FailureAbandoned, "abandoned"}, {histo.FailureRefused, "refused"}, {histo.FailureError, "errors"},
+		{histo.FailureAbandoned, "abandoned"}, {histo.FailureRefused, "refused"}, {histo.FailureError, "error"},
 	} {
-		if n := counts[c.class]; n > 0 {
+		n := counts[c.class]
+		switch {
+		case n == 0:
+		case c.class == histo.FailureError:
+			parts = append(parts, Plural(n, c.name))
+		default:
 			parts = append(parts, fmt.Sprintf("%d %s", n, c.name))
 		}
 	}
@@ -57,16 +62,25 @@ func failedText(doc *Document) string {
 	return out + " (" + of + strings.Join(parts, ", ") + ")"
 }
 
+// Plural is "1 request", "2 requests", "1 retry", "3 retries": the count
+// with its noun, for every line a person reads.
+func Plural(n int64, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	if strings.HasSuffix(word, "y") && !strings.HasSuffix(word, "ay") {
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(word, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, word)
+}
+
 // retriesText is ", 12 retries" from the retry section; "" without one.
 func retriesText(ext *Extension) string {
 	rs, err := section[histo.RetrySection](ext.Retry, "retry")
 	if err != nil || rs == nil {
 		return ""
 	}
-	if rs.Retries == 1 {
-		return ", 1 retry"
-	}
-	return fmt.Sprintf(", %d retries", rs.Retries)
+	return ", " + Plural(rs.Retries, "retry")
 }
 
 // spanText is the measured time: the windows' own spans (WallClockMs,
@@ -79,10 +93,7 @@ func spanText(doc *Document, ext *Extension) string {
 	if doc.WallClockMs.Known() {
 		covered = time.Duration(float64(doc.WallClockMs) * float64(time.Millisecond))
 	}
-	windows := fmt.Sprintf("%d windows", ext.Windows)
-	if ext.Windows == 1 {
-		windows = "1 window"
-	}
+	windows := Plural(ext.Windows, "window")
 	out := fmt.Sprintf("%s covering %s, %s to %s", windows, covered.Round(100*time.Millisecond), doc.StartedAt, doc.FinishedAt)
 	if between-covered >= time.Second {
 		out += fmt.Sprintf(" (%s apart: no file covers the rest)", between.Round(100*time.Millisecond))
@@ -105,8 +116,8 @@ func cacheHitText(doc *Document, ext *Extension) string {
 		}
 	}
 	if prompt == 0 || ext.DroppedRecords > 0 {
-		return fmt.Sprintf("%s of prompt tokens, as a mean of per-request ratios over %d requests", mean, ext.PrefixCacheHitSamples)
+		return fmt.Sprintf("%s of prompt tokens, as a mean of per-request ratios over %s", mean, Plural(ext.PrefixCacheHitSamples, "request"))
 	}
-	return fmt.Sprintf("%s of prompt tokens (token-weighted over %d requests; mean of per-request ratios %s)",
-		percent(Num(float64(cached)/float64(prompt))), n, mean)
+	return fmt.Sprintf("%s of prompt tokens (token-weighted over %s; mean of per-request ratios %s)",
+		percent(Num(float64(cached)/float64(prompt))), Plural(n, "request"), mean)
 }

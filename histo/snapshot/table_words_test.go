@@ -3,8 +3,11 @@ package snapshot
 import (
 	"bytes"
 	"fmt"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -50,7 +53,12 @@ func TestReportWords(t *testing.T) {
 	require.NoError(t, err)
 	var out bytes.Buffer
 	require.NoError(t, WriteTable(&out, merged))
-	first := out.String()[:bytes.IndexByte(out.Bytes(), '\n')]
+	for _, l := range strings.Split(out.String(), "\n") {
+		require.LessOrEqual(t, utf8.RuneCountInString(l), ReportWidth, l)
+	}
+	// The checks below read the lines as if unwrapped.
+	text := regexp.MustCompile(`\n +`).ReplaceAllString(out.String(), " ")
+	first := text[:strings.IndexByte(text, '\n')]
 	require.Equal(t, "30 requests: 21 completed, 9 failed (3 abandoned, 3 refused, 3 errors), 3 retries; 2 windows covering 2m0s, "+
 		merged.StartedAt+" to "+merged.FinishedAt+" (3m0s apart: no file covers the rest)", first)
 
@@ -61,7 +69,7 @@ func TestReportWords(t *testing.T) {
 		prompt += int64(tm.PromptTokens)
 		sum += float64(tm.CachedTokens) / float64(tm.PromptTokens)
 	}
-	require.Contains(t, out.String(), fmt.Sprintf("cache hit   engine-reported %.1f%% of prompt tokens (token-weighted over 21 requests; mean of per-request ratios %.1f%%); inferred from prefill time -\n",
+	require.Contains(t, text, fmt.Sprintf("cache hit   engine-reported %.1f%% of prompt tokens (token-weighted over 21 requests; mean of per-request ratios %.1f%%); inferred from prefill time -\n",
 		100*float64(cached)/float64(prompt), 100*sum/21))
 }
 
@@ -76,4 +84,24 @@ func TestGroupReasons(t *testing.T) {
 		"memory pressure 11% > 10%", "cpu pressure 12% > 10%", "memory pressure 12.5% > 10%",
 		"the self-check probe did not run in this window", "the self-check probe did not run in this window",
 	}))
+}
+
+// TestPlural: the report's counts agree with their nouns (issue 27, 9).
+func TestPlural(t *testing.T) {
+	require.Equal(t, "1 request", Plural(1, "request"))
+	require.Equal(t, "0 requests", Plural(0, "request"))
+	require.Equal(t, "1 retry", Plural(1, "retry"))
+	require.Equal(t, "2 retries", Plural(2, "retry"))
+	require.Equal(t, "1 error", Plural(1, "error"))
+	require.Equal(t, "4 slots", Plural(4, "slot"))
+}
+
+// TestWrapLines: a long line breaks at a clause and continues under its
+// label; a short one is untouched.
+func TestWrapLines(t *testing.T) {
+	long := "cache hit   engine-reported 57.6% of prompt tokens (token-weighted over 63 requests; mean of per-request ratios 58.1%); inferred from prefill time -"
+	got := wrapLines(long+"\nshort line\n", 100)
+	require.Equal(t, "cache hit   engine-reported 57.6% of prompt tokens (token-weighted over 63 requests;\n"+
+		"            mean of per-request ratios 58.1%); inferred from prefill time -\nshort line\n", got)
+	require.Equal(t, strings.Repeat("x", 120), wrapLines(strings.Repeat("x", 120), 100), "one word stays whole")
 }

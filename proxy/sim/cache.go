@@ -66,11 +66,9 @@ func (c *prefixCache) match(hs []uint64, promptTokens int) int {
 	for n < len(hs) && c.index[hs[n]] != nil {
 		n++
 	}
-	for n > 0 && n*c.blockTokens >= promptTokens {
-		n--
-	}
-	c.touch(hs[:n])
-	return n * c.blockTokens
+	cached := leaveOne(n, c.blockTokens, promptTokens)
+	c.touch(hs[:cached/c.blockTokens])
+	return cached
 }
 
 // insert adds blocks after a prefill, evicting the least recently used.

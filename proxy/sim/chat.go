@@ -91,13 +91,22 @@ func (c *chat) delta(e *eventWriter, res *result, d delta) error {
 		choice.Delta = chatDelta{Content: &d.text}
 	}
 	chunk := c.chunk(choice)
-	if d.last {
-		last := &chunk.Choices[0]
-		last.FinishReason = finishReason(c.j)
-		last.StopReason = jsonNull
+	if d.last && !c.finalChunk() {
+		chunk.Choices[0] = c.finish(chunk.Choices[0])
 		chunk.Timings = c.lastTimings(res)
 	}
 	return e.send("", chunk)
+}
+
+// finish sets the finish reason on the final choice.
+func (c *chat) finish(choice chatChunkChoice) chatChunkChoice {
+	choice.FinishReason = finishReason(c.j)
+	choice.StopReason = jsonNull
+	return choice
+}
+
+func (c *chat) close(e *eventWriter, res *result) error {
+	return c.openAIStream.close(e, res, func() chatChunkChoice { return c.finish(chatChunkChoice{}) })
 }
 
 type chatChoice struct {

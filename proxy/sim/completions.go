@@ -61,11 +61,17 @@ func (*completion) open(*eventWriter, *result) error { return nil }
 
 func (c *completion) delta(e *eventWriter, res *result, d delta) error {
 	chunk := c.chunk(completionChoice{Text: d.text})
-	if d.last {
+	if d.last && !c.finalChunk() {
 		chunk.Choices[0].FinishReason = finishReason(c.j)
 		chunk.Timings = c.lastTimings(res)
 	}
 	return e.send("", chunk)
+}
+
+func (c *completion) close(e *eventWriter, res *result) error {
+	return c.openAIStream.close(e, res, func() completionChoice {
+		return completionChoice{FinishReason: finishReason(c.j)}
+	})
 }
 
 func (c *completion) body(res *result) any {

@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -34,7 +36,10 @@ type job struct {
 	created   int64 // Unix seconds, as in "created"
 	arrived   time.Time
 	bodyHash  uint64
-	knobs     knobs
+	hashes    []uint64 // the prompt's prefix-cache block hashes
+	// promptTokens is len(prompt)/BytesPerToken, at least 1.
+	promptTokens int
+	knobs        knobs
 	// hideCached: the usage reports no cached tokens (Config.UnreportedCache
 	// or X-Sim-Report-Cached: false); the cache still cuts prefill.
 	hideCached bool
@@ -74,12 +79,22 @@ type result struct {
 	reasoningTokens  int
 
 	queue   time.Duration // arrival to slot
-	prefill time.Duration // slot to first token
+	prefill time.Duration // prefill start to first token
 	decode  time.Duration // first token to latest token
 
-	admitted   time.Time // slot acquired; zero until then
-	firstToken time.Time // end of prefill; zero until then
-	finished   time.Time // the slot was let go; zero until then
+	slot     int       // the slot held; -1 until admitted
+	admitted time.Time // slot acquired; zero until then
+	// prefillStart is when the prefill proper starts: admitted plus the
+	// work before it (prePrefill); zero until admitted.
+	prefillStart time.Time
+	firstToken   time.Time // end of prefill; zero until then
+	lastToken    time.Time // the latest output event went out; zero until then
+	head         time.Time // the response head left; zero until then
+	left         time.Time // the engine noticed the client left during prefill; zero if not
+	// abandoned is how long the slot stayed busy after left: the prefill
+	// work the engine finished anyway (Config.Abandon).
+	abandoned time.Duration
+	released  time.Time // the slot was let go; zero until then
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -88,133 +103,151 @@ type result struct {
 // output receives a request's events as the engine produces them. An error
 // means the client is gone and ends the generation.
 type output interface {
+	// head sends the response head if it has not left yet, stamping
+	// res.head; a non-stream response's head leaves with its body instead.
+	head(res *result)
 	start(res *result) error
 	token(res *result, d delta) error
+	// end writes what follows the last output event: a stream's closing
+	// events, or the whole non-stream response.
+	end(res *result) error
 }
 
-// discard is the output of a non-stream request: the text is collected in
-// the result and rendered at the end.
-type discard struct{}
-
-func (discard) start(*result) error        { return nil }
-func (discard) token(*result, delta) error { return nil }
-
-// ticket is a request's place in admission: granted a slot at once, or
-// waiting in the FIFO queue until release hands one over.
-type ticket struct {
-	ready   chan struct{} // nil when granted at enqueue; closed on hand-over
-	granted bool          // guarded by Server.mu
+// unaryOutput is the output of a non-stream request: the text is collected
+// in the result and the whole body written at the end.
+type unaryOutput struct {
+	w   http.ResponseWriter
+	p   protocol
+	j   *job
+	tgi bool // Config.TGIHeaders
 }
 
-// enqueue admits a request to a slot or the queue; false means the queue is
-// full and the request must be answered 429.
-func (s *Server) enqueue() (*ticket, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.active < s.cfg.Slots && len(s.queue) == 0 {
-		s.active++
-		return &ticket{granted: true}, true
+func (unaryOutput) head(*result)               {}
+func (unaryOutput) start(*result) error        { return nil }
+func (unaryOutput) token(*result, delta) error { return nil }
+func (o unaryOutput) end(res *result) error {
+	res.head = time.Now()
+	if o.tgi {
+		setTGIHeaders(o.w.Header(), o.j, res, res.head)
 	}
-	if len(s.queue) >= s.cfg.MaxQueue {
-		return nil, false
-	}
-	t := &ticket{ready: make(chan struct{})}
-	s.queue = append(s.queue, t)
-	return t, true
+	return writeJSON(o.w, http.StatusOK, o.p.body(res))
 }
 
-// wait blocks until t holds a slot. If ctx ends first, t leaves the queue
-// (or gives back a slot handed over in the meantime) and wait returns the
-// context's error.
-func (s *Server) wait(ctx context.Context, t *ticket) error {
-	if t.ready == nil {
-		return nil
+// setTGIHeaders sets text-generation-inference's timing headers on a
+// response written at now, as its router does for /generate (whole
+// milliseconds; router/src/server.rs): validation is arrival to enqueue,
+// queue enqueue to slot start, inference slot start to now.
+func setTGIHeaders(h http.Header, j *job, res *result, now time.Time) {
+	total, inference := now.Sub(j.arrived), now.Sub(res.admitted)
+	validation := max(0, total-res.queue-inference)
+	perToken := time.Duration(0)
+	if res.completionTokens > 0 {
+		perToken = inference / time.Duration(res.completionTokens)
 	}
-	select {
-	case <-t.ready:
-		return nil
-	case <-ctx.Done():
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{
+		{"x-total-time", total.Milliseconds()},
+		{"x-validation-time", validation.Milliseconds()},
+		{"x-queue-time", res.queue.Milliseconds()},
+		{"x-inference-time", inference.Milliseconds()},
+		{"x-time-per-token", perToken.Milliseconds()},
+		{"x-prompt-tokens", int64(res.promptTokens)},
+		{"x-generated-tokens", int64(res.completionTokens)},
+	} {
+		h.Set(f.name, strconv.FormatInt(f.v, 10))
 	}
-	s.mu.Lock()
-	if t.granted {
-		s.mu.Unlock()
-		s.release()
-		return ctx.Err()
-	}
-	for i, q := range s.queue {
-		if q == t {
-			s.queue = append(s.queue[:i], s.queue[i+1:]...)
-			break
-		}
-	}
-	s.mu.Unlock()
-	return ctx.Err()
 }
 
-// release frees a slot, handing it to the head of the queue if any.
-func (s *Server) release() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.queue) == 0 {
-		s.active--
-		return
-	}
-	t := s.queue[0]
-	s.queue[0] = nil
-	s.queue = s.queue[1:]
-	t.granted = true
-	close(t.ready)
-}
-
-// run takes an admitted request through queue, prefill and decode, sending
-// its events to out. It returns errClientGone after recording an abort,
-// errInjected when X-Sim-Fail-After-Events cut it short, or errTruncated
-// when the stream is to end cleanly without its final events.
+// run takes an enqueued request through queue, prefill, decode and its
+// end, sending its events to out. It returns errClientGone after recording
+// an abort, errInjected when X-Sim-Fail-After-Events cut it short, or
+// errTruncated when the stream is to end cleanly without its final events.
 func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*result, error) {
-	res := &result{}
+	res := &result{slot: -1}
 	defer s.account(res)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 
+	if s.cfg.Head == HeadAdmission {
+		out.head(res)
+	}
 	if err := s.wait(ctx, t); err != nil {
 		return res, s.abort(j, res, PhaseQueue)
 	}
-	defer func() {
-		// Stamped before the slot is let go, so a successor is never
-		// admitted before its predecessor finished.
-		res.finished = time.Now()
-		s.release()
-	}()
+	held := true
+	letGo := func() {
+		if held {
+			held = false
+			// Stamped before the slot is let go, so a successor is never
+			// admitted before its predecessor finished.
+			res.released = time.Now()
+			s.release(t.slot)
+		}
+	}
+	defer letGo()
 	admitted := time.Now()
-	res.admitted = admitted
+	res.admitted, res.slot = admitted, t.slot
 	res.queue = admitted.Sub(j.arrived)
+	if s.cfg.Head == HeadSlotStart {
+		out.head(res)
+	}
 
-	hashes := s.cache.hashes(j.prompt)
-	res.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	res.promptTokens = j.promptTokens
 	s.mu.Lock()
-	res.cachedTokens = s.cache.match(hashes, res.promptTokens)
+	work := s.prePrefill(t.slot, j.hashes, res)
 	s.stats.PromptTokens += int64(res.promptTokens)
 	s.stats.CachedTokens += int64(res.cachedTokens)
 	s.mu.Unlock()
 
-	prefill := j.knobs.prefill
-	if prefill < 0 {
-		prefill = prefillOverhead + perRate(res.promptTokens-res.cachedTokens, s.cfg.PrefillTokensPerSec)
+	res.prefillStart = admitted.Add(work)
+	if err := s.prefill(ctx, timer, j, res, t.slot, res.prefillStart); err != nil {
+		return res, err
 	}
-	if err := sleepUntil(ctx, timer, admitted.Add(prefill)); err != nil {
-		return res, s.abort(j, res, PhasePrefill)
-	}
-	s.mu.Lock()
-	s.cache.insert(hashes)
-	s.mu.Unlock()
 	start := time.Now()
 	res.firstToken = start
-	res.prefill = start.Sub(admitted)
+	res.prefill = start.Sub(res.prefillStart)
+	s.mu.Lock()
+	s.keep(t.slot, j.hashes)
+	s.counters.countPrefill(res)
+	s.mu.Unlock()
 
 	if err := out.start(res); err != nil {
 		return res, s.abort(j, res, PhaseDecode)
 	}
-	return res, s.decode(ctx, timer, j, res, out, start)
+	if err := s.decode(ctx, timer, j, res, out, start); err != nil {
+		return res, err
+	}
+	if s.cfg.Release == ReleaseStreamEnd {
+		// The end-of-sequence token takes a decode step of its own; then
+		// the final chunk goes out and only then is the slot let go.
+		if !j.limited {
+			if err := sleepUntil(ctx, timer, res.lastToken.Add(s.step(j))); err != nil {
+				return res, s.abort(j, res, PhaseDecode)
+			}
+		}
+		err := out.end(res)
+		letGo()
+		if err != nil {
+			return res, s.abort(j, res, PhaseDecode)
+		}
+		return res, nil
+	}
+	letGo()
+	if err := out.end(res); err != nil {
+		return res, s.abort(j, res, PhaseDecode)
+	}
+	return res, nil
+}
+
+// step is the time of one decode step of j: one token at the decode rate,
+// or X-Sim-Event-Gap.
+func (s *Server) step(j *job) time.Duration {
+	if j.knobs.eventGap >= 0 {
+		return j.knobs.eventGap
+	}
+	return perRate(1, s.cfg.DecodeTokensPerSec)
 }
 
 // decode emits the completion as planned events, each due at a time
@@ -241,7 +274,8 @@ func (s *Server) decode(ctx context.Context, timer *time.Timer, j *job, res *res
 		}
 		d := delta{reasoning: reasoning, text: p.text(n), tokens: n, last: p.done()}
 		res.add(d)
-		res.decode = time.Since(start)
+		res.lastToken = time.Now()
+		res.decode = res.lastToken.Sub(start)
 		if err := out.token(res, d); err != nil {
 			return s.abort(j, res, PhaseDecode)
 		}

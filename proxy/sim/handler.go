@@ -64,20 +64,26 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		s.reject(w, p, status, msg)
 		return
 	}
-	t, ok := s.enqueue()
+	j.hashes = s.cache.hashes(j.prompt)
+	j.promptTokens = max(1, len(j.prompt)/s.cfg.BytesPerToken)
+	kv := j.promptTokens + j.maxTokens
+	if s.cfg.KVCacheTokens > 0 && kv > s.cfg.KVCacheTokens {
+		s.reject(w, p, http.StatusBadRequest,
+			fmt.Sprintf("sim: prompt and completion (%d tokens) exceed the KV cache (%d tokens)", kv, s.cfg.KVCacheTokens))
+		return
+	}
+	t, ok := s.enqueue(j.hashes, kv)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
 			fmt.Sprintf("sim: queue full: %d requests wait for %d slots", s.cfg.MaxQueue, s.cfg.Slots))
 		return
 	}
 
-	// A stream's headers go out on admission, before queue and prefill, as
-	// from vLLM's StreamingResponse; the first event follows prefill.
-	var out output = discard{}
-	var e *eventWriter
+	// A stream's head leaves when Config.Head says (run sends it); a
+	// whole response's with its body.
+	var out output = unaryOutput{w: w, p: p, j: j, tgi: s.cfg.TGIHeaders}
 	if j.stream {
-		e = startStream(w)
-		out = streamOutput{p: p, e: e}
+		out = &streamOutput{w: w, p: p}
 	}
 	res, err := s.run(r.Context(), t, j, out)
 	switch {
@@ -94,23 +100,12 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		// it stops a generation for repetition.
 		s.record(j, res, OutcomeTruncated)
 		s.count(&s.stats.Truncated)
-		return
 	case err != nil:
 		s.record(j, res, OutcomeAborted)
-		return
+	default:
+		s.record(j, res, OutcomeCompleted)
+		s.count(&s.stats.Completed)
 	}
-	if j.stream {
-		err = p.close(e, res)
-	} else {
-		err = writeJSON(w, http.StatusOK, p.body(res))
-	}
-	if err != nil {
-		s.abort(j, res, PhaseDecode)
-		s.record(j, res, OutcomeAborted)
-		return
-	}
-	s.record(j, res, OutcomeCompleted)
-	s.count(&s.stats.Completed)
 }
 
 // reject answers an error status with p's error body.
@@ -198,10 +193,30 @@ func (e *eventWriter) flush() error {
 }
 
 // streamOutput sends the engine's events to a stream through a protocol.
+// It is owned by the request's handler goroutine.
 type streamOutput struct {
+	w http.ResponseWriter
 	p protocol
-	e *eventWriter
+	e *eventWriter // nil until the head is sent
 }
 
-func (o streamOutput) start(res *result) error          { return o.p.open(o.e, res) }
-func (o streamOutput) token(res *result, d delta) error { return o.p.delta(o.e, res, d) }
+func (o *streamOutput) head(res *result) {
+	if o.e == nil {
+		o.e = startStream(o.w)
+		res.head = time.Now()
+	}
+}
+
+// start sends the head if it has not left yet (HeadFirstOutput), then the
+// opening events; they and the first output event leave at one instant.
+func (o *streamOutput) start(res *result) error {
+	o.head(res)
+	return o.p.open(o.e, res)
+}
+
+func (o *streamOutput) token(res *result, d delta) error { return o.p.delta(o.e, res, d) }
+
+func (o *streamOutput) end(res *result) error {
+	o.head(res)
+	return o.p.close(o.e, res)
+}

@@ -142,6 +142,12 @@ func TestNewValidation(t *testing.T) {
 		{ReasoningShare: 1.5},
 		{FailRate: 2},
 		{Timings: 9},
+		{Engine: 7},
+		{Cache: 9},
+		{Release: -1},
+		{Head: 4},
+		{Abandon: 9},
+		{BatchTokens: -1},
 		{NaturalLengths: []int{}},
 		{NaturalLengths: []int{300, 0}},
 	} {
@@ -151,7 +157,8 @@ func TestNewValidation(t *testing.T) {
 	s, err := New(Config{})
 	require.NoError(t, err)
 	require.Equal(t, Config{
-		Model: DefaultModel, Slots: 4, MaxQueue: 64, PrefillTokensPerSec: 7700,
+		Model: DefaultModel, Cache: CacheShared, Release: ReleaseLastToken, Head: HeadAdmission, Timings: TimingNone, Slots: 4,
+		Abandon: AbandonStop, BatchTokens: 2048, SwitchCost: -1, Metrics: MetricsVLLM, MaxQueue: 64, PrefillTokensPerSec: 7700,
 		DecodeTokensPerSec: 235, TokensPerEvent: 5, BytesPerToken: 4, DefaultMaxTokens: 256,
 		ReasoningShare: 0.5, CacheBlockTokens: 16, CacheBlocks: 1 << 16,
 		NaturalLengths: ReferenceLengths, KeepAliveTimeout: 5 * time.Second,
@@ -187,7 +194,7 @@ func TestEndpoints(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Content-Type"), "text/plain")
 	require.Contains(t, body, "# TYPE sim_requests_total counter\nsim_requests_total 0\n")
-	require.Contains(t, body, "vllm:num_requests_waiting 0\n")
+	require.Contains(t, body, `vllm:num_requests_waiting{engine="0",model_name="m1"} 0`+"\n")
 
 	resp, _ = get("/v2/nothing")
 	require.Equal(t, http.StatusNotFound, resp.StatusCode)

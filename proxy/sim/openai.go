@@ -78,8 +78,22 @@ func (o *openAIStream[C]) lastTimings(res *result) *llamaTimings {
 	return t
 }
 
-// close sends the usage-only chunk if stream_options.include_usage, then [DONE].
-func (o *openAIStream[C]) close(e *eventWriter, res *result) error {
+// finalChunk reports whether the finish reason travels in a chunk of its
+// own after the last output event, as llama.cpp and ollama send it at the
+// stream's end (ReleaseStreamEnd), instead of on the last output event.
+func (o *openAIStream[C]) finalChunk() bool { return o.cfg.Release == ReleaseStreamEnd }
+
+// close sends the final chunk when finalChunk (the finish reason, choice
+// built by finish, and the llama.cpp timings), the usage-only chunk if
+// stream_options.include_usage, then [DONE].
+func (o *openAIStream[C]) close(e *eventWriter, res *result, finish func() C) error {
+	if o.finalChunk() {
+		chunk := o.chunk(finish())
+		chunk.Timings = o.lastTimings(res)
+		if err := e.send("", chunk); err != nil {
+			return err
+		}
+	}
 	if o.includeUsage {
 		if err := e.send("", wholeObject(o.cfg, o.j, o.chunkObject, []C{}, res)); err != nil {
 			return err

@@ -234,7 +234,7 @@ func TestTimingModesNonStream(t *testing.T) {
 }
 
 func TestTimingModeText(t *testing.T) {
-	for _, m := range []TimingMode{TimingNone, TimingVLLM, TimingLlamaCpp} {
+	for _, m := range []TimingMode{TimingAuto, TimingNone, TimingVLLM, TimingLlamaCpp} {
 		b, err := m.MarshalText()
 		require.NoError(t, err)
 		var got TimingMode

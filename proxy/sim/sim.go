@@ -17,25 +17,60 @@
 // share). No text is ever generated from the prompt: output is
 // deterministic filler words, one word per token.
 //
+// Engine personas (Config.Engine; persona.go): the zero value behaves as
+// vLLM; EngineLlamaCpp and EngineOllama behave as llama.cpp's llama-server
+// and ollama where their scheduling and reporting differ (measured against
+// both, /work/shared/research/real-engines.md "Where a request's time goes
+// inside the engine"). Each difference is a knob of its own, which the
+// persona only defaults.
+//
 // Timing model, per request:
 //
-//	queue    waits FIFO until one of Config.Slots is free
-//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms
+//	queue    waits FIFO until one of Config.Slots is free; with per-slot
+//	         caches (Config.Cache, llama.cpp and ollama) it takes the free
+//	         slot whose last prompt shares the longest prefix with its own;
+//	         with Config.KVCacheTokens (continuous batching, as vLLM's KV
+//	         budget beside max_num_seqs) the head also waits until its prompt
+//	         and completion fit in the KV cache, and everyone behind it waits
+//	switch   with llama.cpp's RAM prompt cache (Config.SwitchCost), a slot
+//	         about to overwrite the prompt it holds saves it first, and a
+//	         longer prefix held in the RAM cache is restored: work before
+//	         the prefill that is neither queue nor this prompt's prefill
+//	prefill  (prompt_tokens − cached_tokens) / PrefillTokensPerSec + 1 ms;
+//	         with Config.ContextSlowdown (llama.cpp, ollama) each new token
+//	         costs more the more context it attends to
 //	decode   the first token comes out at the end of prefill; after it, the
 //	         event that ends at completion token i is due i−1 tokens later at
 //	         DecodeTokensPerSec, scheduled from the decode start so that timing
 //	         never drifts; so (completion_tokens−1)/generation time is the rate
+//	release  vLLM frees the slot with the last token, which carries the
+//	         finish reason; llama.cpp and ollama (Config.Release) at the
+//	         stream's end: an answer that stops by itself takes one more
+//	         decode step (the end-of-sequence token, never sent), then a
+//	         chunk of its own carries the finish reason and the slot is let go
 //
-// A stream's response headers go out as soon as the request is admitted to a
-// slot or the queue; its first event (role chunk, message_start,
-// response.created) comes at the end of prefill, just before the first
-// output event, which carries tokens.
+// A stream's response head leaves (Config.Head) as soon as the request is
+// enqueued (vLLM), when a slot starts its prompt (llama.cpp: head − sent is
+// the queue) or with the first output (ollama); its first event (role
+// chunk, message_start, response.created) comes at the end of prefill, just
+// before the first output event, which carries tokens. A whole response's
+// head leaves with its body; with Config.TGIHeaders it carries TGI's
+// x-queue-time, x-inference-time … headers.
+//
+// Per-request timing (Config.Timings): vLLM's "metrics" object, or
+// llama.cpp's "timings" (prompt_n, prompt_ms, predicted_n, predicted_ms,
+// predicted_per_token_ms, cache_n) on the final chunk — the usage chunk
+// when one is asked for — and the whole body; usage's
+// prompt_tokens_details.cached_tokens is then cache_n.
 //
 // A client that goes away is noticed through the request context, which
 // net/http cancels when the connection closes even while the handler sleeps
 // (as vLLM notices a disconnect during prefill): the request leaves the queue
-// or stops prefill or decode at once, and the abort is counted in Stats and
-// sent on Aborts.
+// or stops decode at once, and the abort is counted in Stats and sent on
+// Aborts at once. A prefill runs on as Config.Abandon says: vLLM stops at
+// once, llama.cpp finishes the 2,048-token batch it is on, ollama the whole
+// prompt; the slot stays busy for nobody meanwhile, and what was prefilled
+// stays in the slot's cache.
 //
 // Prompt tokens are len(prompt text)/BytesPerToken (at least 1). The prompt
 // text is: the tools JSON as sent, then "role\ncontent\n" per message in order
@@ -71,9 +106,26 @@
 // drops the connection mid-body.
 //
 // The engine records the truth of every request it admitted — its true
-// queue wait, prefill time and the cached tokens it used — for in-process
+// queue wait, the slot it held, the work before its prefill, prefill
+// time, the cached tokens it used, when its head left, its last token, the
+// instant its slot was let go and how long an abandoned prefill ran on — for in-process
 // tests to compare with what a proxy inferred (Server.Truth); none of it is
 // sent to the client.
+//
+// llama.cpp's native POST /completion (alias /completions) takes "prompt",
+// "n_predict" and "stream" and answers as llama-server does: a stream of
+// "data: {"content": …, "stop": false}" objects, then one final object with
+// "stop": true, stop_type ("eos", "limit"), tokens_predicted,
+// tokens_evaluated, tokens_cached and timings — no choices, no usage, no
+// [DONE]; a whole answer is that final object with the whole content.
+// Served whatever Config.Engine, with llama.cpp's timings always.
+//
+// GET /metrics (Config.Metrics) serves the engine's own metrics under its
+// real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
+// usage, prefix-cache queries and hits, token counters, per-request queue,
+// prefill, decode, inference, e2e and TTFT histograms) or llama-server's
+// (requests processing and deferred, prompt tokens excluding cached, cached
+// prompt tokens, prompt seconds, tokens predicted), or 404 as from ollama.
 //
 // Reasoning is on for chat completions and Responses unless the request sends
 // "reasoning_effort":"none" (Responses: "reasoning":{"effort":"none"}) or
@@ -133,6 +185,58 @@ type Config struct {
 	// Model is the served model name, reported in every response whatever
 	// the request asked for. "" means DefaultModel.
 	Model string
+	// Engine is the real engine the simulator behaves like; it sets the
+	// defaults of Cache, Release and UnreportedCache (persona.go). The zero
+	// value is EngineVLLM, the calibrated default.
+	Engine Engine
+	// Cache is where reusable prompt prefixes live and so how a slot is
+	// chosen: shared blocks (vLLM) or each slot's own prompt, with the free
+	// slot of the longest prefix match chosen (llama.cpp, ollama). The
+	// zero value is the Engine's.
+	Cache CacheMode
+	// Release is when a finished request lets its slot go: with its last
+	// token (vLLM) or at the stream's end, one decode step later for an
+	// answer that stopped by itself (llama.cpp, ollama). The zero value is
+	// the Engine's.
+	Release ReleaseMode
+	// Abandon is what a prefill whose client left does: stop at once
+	// (vLLM), finish its BatchTokens batch (llama.cpp) or the whole prompt
+	// (ollama) before the slot is free. The zero value is the Engine's.
+	Abandon AbandonMode
+	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
+	// n_batch. 0 means 2048.
+	BatchTokens int
+	// SwitchCost is the cost of saving a slot's prompt to llama.cpp's RAM
+	// prompt cache (--cache-ram) before another prompt overwrites it, and
+	// of restoring a longer prefix from it; work before the prefill that is
+	// neither queue nor prefill (12–58 ms measured per switch). Only with
+	// per-slot caches. 0 means the Engine's: 15 ms for llama.cpp (so a save
+	// and a restore take 30 ms), no RAM cache for the others; negative
+	// means no RAM cache.
+	SwitchCost time.Duration
+	// ContextSlowdown makes prefill cost per new token grow with the
+	// context it attends to: each new token costs 1/PrefillTokensPerSec ×
+	// (1 + ContextSlowdown × context/1000), context being the cached prefix
+	// plus the new tokens before it, so a cold rate under-estimates the
+	// cached tokens of a long history. 0 means the Engine's: 0.1 for
+	// llama.cpp and ollama (CPU attention), none for vLLM; negative means
+	// none.
+	ContextSlowdown float64
+	// Metrics is the form of GET /metrics: vLLM's names (vllm:…),
+	// llama-server's (llamacpp:…), both beside the sim's own sim_…, or none
+	// (404, as ollama). The zero value is the Engine's.
+	Metrics MetricsForm
+	// KVCacheTokens bounds admission by KV-cache tokens, as vLLM's
+	// continuous batching admits a waiting request only while its blocks
+	// fit: a request reserves its prompt plus its planned completion while
+	// it holds a slot, and the head of the queue waits (with everyone behind
+	// it, first come first served) until its reservation fits, however many
+	// of the Slots (max_num_seqs) are free. A request that could never fit is
+	// answered 400. Reserving the whole completion up front stands for
+	// vLLM's growing allocation without its preemption. 0 means no bound
+	// beyond the Slots; with many slots and a bound this is the
+	// continuous-batching mode.
+	KVCacheTokens int
 	// Slots is the number of sequences generated concurrently. 0 means 4.
 	Slots int
 	// MaxQueue is the number of requests that may wait for a slot, in FIFO
@@ -167,9 +271,20 @@ type Config struct {
 	// ReasoningShare is the share of completion tokens that are reasoning
 	// when reasoning is on (rounded down). 0 means 0.5.
 	ReasoningShare float64
-	// Timings selects the per-request timing report. The zero value is
-	// TimingNone.
+	// Timings selects the per-request timing report. The zero value is the
+	// Engine's: none for vLLM and ollama, llama.cpp's timings object for
+	// EngineLlamaCpp.
 	Timings TimingMode
+	// Head is when a stream's response head leaves: on admission (vLLM),
+	// when the slot starts the prompt (llama.cpp) or with the first output
+	// (ollama). The zero value is the Engine's.
+	Head HeadMode
+	// TGIHeaders adds text-generation-inference's timing headers to every
+	// non-stream response: x-total-time, x-validation-time, x-queue-time,
+	// x-inference-time (slot start to the end), x-time-per-token, in whole
+	// milliseconds, and x-prompt-tokens, x-generated-tokens
+	// (huggingface/text-generation-inference router/src/server.rs).
+	TGIHeaders bool
 	// CacheBlockTokens is the prefix cache granularity. 0 means 16.
 	CacheBlockTokens int
 	// CacheBlocks is the prefix cache capacity in blocks, evicted least
@@ -211,8 +326,11 @@ type Config struct {
 type TimingMode int
 
 const (
+	// TimingAuto is the Engine's choice: llamacpp for EngineLlamaCpp, none
+	// for the others.
+	TimingAuto TimingMode = iota
 	// TimingNone reports no timing.
-	TimingNone TimingMode = iota
+	TimingNone
 	// TimingVLLM adds vLLM's per-request "metrics" object
 	// (--enable-per-request-metrics) to the usage chunk, the non-stream
 	// body and the completed Responses object.
@@ -222,30 +340,17 @@ const (
 	TimingLlamaCpp
 )
 
-var timingNames = [...]string{"none", "vllm", "llamacpp"}
+var timingNames = enumText[TimingMode]{"auto", "none", "vllm", "llamacpp"}
 
-// String returns "none", "vllm" or "llamacpp".
-func (m TimingMode) String() string {
-	if m < 0 || int(m) >= len(timingNames) {
-		return fmt.Sprintf("TimingMode(%d)", int(m))
-	}
-	return timingNames[m]
-}
+// String returns "auto", "none", "vllm" or "llamacpp".
+func (m TimingMode) String() string { return timingNames.text(m) }
 
 // MarshalText implements encoding.TextMarshaler.
 func (m TimingMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
 
 // UnmarshalText implements encoding.TextUnmarshaler, so a TimingMode can be
 // a flag.TextVar.
-func (m *TimingMode) UnmarshalText(b []byte) error {
-	for i, name := range timingNames {
-		if string(b) == name {
-			*m = TimingMode(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("sim: unknown timing mode %q (want none, vllm or llamacpp)", b)
-}
+func (m *TimingMode) UnmarshalText(b []byte) error { return timingNames.parse("timing mode", b, m) }
 
 // Server is a simulated inference server. It is an http.Handler, safe for
 // concurrent use; it starts no goroutines of its own, so every request is
@@ -257,14 +362,21 @@ type Server struct {
 	aborts chan AbortEvent
 
 	mu       sync.Mutex // guards the fields below
-	active   int
-	queue    []*ticket
+	active   int        // busy slots
+	slots    []slot     // Config.Slots of them
+	grants   uint64     // slots granted so far, for LRU order
+	queue    []*ticket  // FIFO, head first
 	cache    *prefixCache
 	attempts map[uint64]int
 	fail     *rand.Rand
 	trunc    *rand.Rand
 	stats    Stats
 	truths   *truths
+	counters engineCounters
+	kvUsed   int // KV tokens reserved by the requests holding slots
+
+	metrics http.Handler    // GET /metrics in Config.Metrics form
+	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
 }
 
 // New returns a Server for cfg with defaults filled in, or an error naming
@@ -282,7 +394,9 @@ func New(cfg Config) (*Server, error) {
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		trunc:    rand.New(rand.NewPCG(uint64(cfg.Seed), 0x7256)),
 		truths:   newTruths(),
+		slots:    make([]slot, cfg.Slots),
 	}
+	s.metrics = s.newMetricsHandler()
 	s.mux = s.routes()
 	return s, nil
 }
@@ -303,6 +417,8 @@ func withDefaults(c Config) (Config, error) {
 		{"DefaultMaxTokens", &c.DefaultMaxTokens, 256},
 		{"CacheBlockTokens", &c.CacheBlockTokens, 16},
 		{"CacheBlocks", &c.CacheBlocks, 1 << 16},
+		{"BatchTokens", &c.BatchTokens, 2048},
+		{"KVCacheTokens", &c.KVCacheTokens, 0},
 	}
 	for _, f := range ints {
 		if *f.v < 0 {
@@ -323,6 +439,9 @@ func withDefaults(c Config) (Config, error) {
 		{"FailRate", &c.FailRate, 0, 1},
 		{"TruncateRate", &c.TruncateRate, 0, 1},
 	}
+	if math.IsNaN(c.ContextSlowdown) || math.IsInf(c.ContextSlowdown, 0) {
+		return c, fmt.Errorf("sim: ContextSlowdown is %v", c.ContextSlowdown)
+	}
 	for _, f := range floats {
 		if !(*f.v >= 0 && *f.v <= f.max) { // also rejects NaN
 			return c, fmt.Errorf("sim: %s is %v, want 0..%v", f.name, *f.v, f.max)
@@ -331,8 +450,8 @@ func withDefaults(c Config) (Config, error) {
 			*f.v = f.def
 		}
 	}
-	if c.Timings < TimingNone || c.Timings > TimingLlamaCpp {
-		return c, fmt.Errorf("sim: unknown Timings %d", int(c.Timings))
+	if err := applyPersona(&c); err != nil {
+		return c, err
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel
@@ -352,8 +471,9 @@ func withDefaults(c Config) (Config, error) {
 
 // ServeHTTP serves the inference API:
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages
-//	GET  /v1/models, /health, /metrics
+//	POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages,
+//	     /completion and /completions (llama.cpp's native protocol)
+//	GET  /v1/models, /health, /metrics (in Config.Metrics form)
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
@@ -368,9 +488,11 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/completions", s.generation(newCompletion)},
 		{"POST", "/v1/responses", s.generation(newResponses)},
 		{"POST", "/v1/messages", s.generation(newMessages)},
+		{"POST", "/completion", s.generation(newNative)},
+		{"POST", "/completions", s.generation(newNative)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
-		{"GET", "/metrics", s.serveMetrics},
+		{"GET", "/metrics", s.metrics.ServeHTTP},
 	} {
 		mux.HandleFunc(r.method+" "+r.path, r.h)
 		mux.HandleFunc(r.path, serveMethodNotAllowed)
@@ -389,8 +511,9 @@ type Stats struct {
 	Failed      int64 // answered another error status, or cut by X-Sim-Fail-After-Events
 	Truncated   int64 // streams ended cleanly without their final events
 
-	Active int // holding a slot now
-	Queued int // waiting for a slot now
+	Active   int // holding a slot now
+	Queued   int // waiting for a slot now
+	KVTokens int // KV-cache tokens reserved by the requests holding a slot: prompt plus planned completion
 
 	PromptTokens     int64 // prompt tokens of requests that reached prefill
 	CachedTokens     int64 // the part of PromptTokens served by the prefix cache
@@ -406,6 +529,7 @@ func (s *Server) Stats() Stats {
 	st := s.stats
 	st.Active = s.active
 	st.Queued = len(s.queue)
+	st.KVTokens = s.kvUsed
 	return st
 }
 

@@ -9,13 +9,41 @@ import "time"
 type Truth struct {
 	ID string // the key: X-Request-Id, or the generated id (the response id without its prefix)
 
-	Arrived    time.Time // the handler started, before reading the body: the request reached the engine
-	Admitted   time.Time // a slot was acquired; zero if the request never got one
-	FirstToken time.Time // prefill ended and the first token was due; zero if never
-	Finished   time.Time // the engine stopped work on it: its slot was let go, or it left the queue
+	Arrived  time.Time // the handler started, before reading the body: the request reached the engine
+	Admitted time.Time // a slot was acquired (the slot starts the prompt); zero if the request never got one
+	// Head is when the response head left: for a stream on admission,
+	// at slot start or with the first output (Config.Head); for a whole
+	// response with its body. Zero if it never left.
+	Head time.Time
+	// PrefillStart is when the prefill proper started: Admitted plus the
+	// work before it (PrePrefill). Zero if never admitted.
+	PrefillStart time.Time
+	FirstToken   time.Time // prefill ended and the first token was due; zero if never
+	LastToken    time.Time // the last output event went out; zero if none did
+	// Released is when the slot was let go: with the last token
+	// (ReleaseLastToken), or at the stream's end (ReleaseStreamEnd), one
+	// decode step after the last token for an answer that stopped by
+	// itself. Zero if the request never held a slot.
+	Released time.Time
+	Finished time.Time // the engine stopped work on it: Released, or when it left the queue
 
-	Queue   time.Duration // Arrived → Admitted; for a request that left the queue, Arrived → Finished
-	Prefill time.Duration // Admitted → FirstToken
+	Slot int // the slot it held, 0..Slots-1; -1 if none
+
+	Queue time.Duration // Arrived → Admitted; for a request that left the queue, Arrived → Finished
+	// PrePrefill is the work on the slot before this prompt's prefill
+	// (Admitted → PrefillStart): llama.cpp saving the slot's old prompt to
+	// its RAM prompt cache and restoring a better prefix from it
+	// (Config.SwitchCost). Neither queue nor this prompt's prefill.
+	PrePrefill time.Duration
+	Prefill    time.Duration // PrefillStart → FirstToken
+
+	// Left is when the engine noticed the client had gone during prefill
+	// (or the work before it); zero if it did not leave then.
+	Left time.Time
+	// Abandoned is how long the slot stayed busy after Left, prefilling
+	// for nobody (Config.Abandon): Left → Released. The next request's
+	// wait for that slot is queue.
+	Abandoned time.Duration
 
 	PromptTokens     int
 	CachedTokens     int // prompt tokens the prefix cache actually served, reported or not
@@ -85,7 +113,14 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 		Arrived:          j.arrived,
 		Admitted:         res.admitted,
 		FirstToken:       res.firstToken,
-		Finished:         res.finished,
+		LastToken:        res.lastToken,
+		PrefillStart:     res.prefillStart,
+		Left:             res.left,
+		Abandoned:        res.abandoned,
+		Head:             res.head,
+		Released:         res.released,
+		Finished:         res.released,
+		Slot:             res.slot,
 		PromptTokens:     res.promptTokens,
 		CachedTokens:     res.cachedTokens,
 		CompletionTokens: res.completionTokens,
@@ -99,10 +134,24 @@ func (s *Server) record(j *job, res *result, outcome Outcome) {
 	} else {
 		tr.Queue = tr.Admitted.Sub(tr.Arrived)
 	}
+	if !tr.Admitted.IsZero() {
+		tr.PrePrefill = tr.PrefillStart.Sub(tr.Admitted)
+	}
 	if !tr.FirstToken.IsZero() {
-		tr.Prefill = tr.FirstToken.Sub(tr.Admitted)
+		tr.Prefill = tr.FirstToken.Sub(tr.PrefillStart)
+	}
+	reason := "abort"
+	switch {
+	case outcome == OutcomeTruncated || (outcome == OutcomeCompleted && !j.limited):
+		reason = "stop"
+	case outcome == OutcomeCompleted:
+		reason = "length"
 	}
 	s.mu.Lock()
 	s.truths.put(tr)
+	s.counters.countEnd(res, reason)
 	s.mu.Unlock()
+	if outcome == OutcomeCompleted {
+		s.hists.observe(tr)
+	}
 }

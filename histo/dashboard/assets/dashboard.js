@@ -20,9 +20,14 @@
   let snap = null;
   let snapIsLast = false; // snap is the last complete window: the current one has no request yet
   let status = null;
+  let baseline = null; // /diff: the window in progress against --baseline; null without one
   let skew = 0; // server clock − browser clock, ms
   let lastOK = 0;
   let lastError = "";
+  // needToken is set when an endpoint answered 401: the proxy has an
+  // --admin-token and the page was opened without #token= (or a wrong
+  // one). Every panel then says so instead of "no requests yet".
+  let needToken = false;
 
   const $ = (id) => document.getElementById(id);
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -37,7 +42,12 @@
 
   async function getJSON(path) {
     const r = await fetch(path, { cache: "no-store", headers: auth });
+    if (r.status === 401) {
+      needToken = true;
+      throw new Error(TOKEN_MESSAGE);
+    }
     if (!r.ok) throw new Error(path + ": HTTP " + r.status);
+    needToken = false;
     // The server's clock places requests in time; the Date header has one
     // second resolution, so only a larger difference is taken as skew.
     const d = Date.parse(r.headers.get("Date") || "");
@@ -89,7 +99,7 @@
     const n = { abandoned: 0, refused: 0, errors: 0 };
     let failed = 0;
     for (const r of recs) if (r.failed) { failed++; n[failureClass(r)]++; }
-    const parts = Object.entries(n).filter(([, v]) => v > 0).map(([k, v]) => `${v} ${k}`);
+    const parts = Object.entries(n).filter(([, v]) => v > 0).map(([k, v]) => `${v} ${k === "errors" && v === 1 ? "error" : k}`);
     return `${recs.length} request${recs.length === 1 ? "" : "s"}, ${failed} failed` + (parts.length ? ` (${parts.join(", ")})` : "");
   }
 
@@ -161,7 +171,10 @@
   function svg(w, h, body, label) {
     return `<svg viewBox="0 0 ${w} ${h}" width="${w}" height="${h}" role="img" aria-label="${esc(label)}">${body}</svg>`;
   }
-  const empty = (msg) => `<div class="empty">${esc(msg)}</div>`;
+  const TOKEN_MESSAGE = token
+    ? "the admin token in this page's address (#token=…) is not the proxy's --admin-token"
+    : "this proxy has an --admin-token: open the dashboard as /#token=YOUR-TOKEN (the token stays in the browser)";
+  const empty = (msg) => `<div class="empty">${esc(needToken ? "no data: " + TOKEN_MESSAGE : msg)}</div>`;
 
   // lineChart draws series of [x, y] points (y null breaks the line) over
   // the time range [x0, x1], y from 0.
@@ -435,8 +448,17 @@
     note.textContent = `${engine} · ${guess}, ${spanText(t - x0).slice(1)} · ${reuse}`;
   }
 
-  // windowName names the window the snapshot panels show.
-  const windowName = () => (snapIsLast ? "the last complete window (this one has no request yet)" : "this window");
+  // windowName names the window the snapshot panels show, with its
+  // length: the snapshot window in progress (how far in, of
+  // --snapshot-interval), or the last complete one.
+  function windowName() {
+    const a = snap && snap.anvilproxy;
+    const len = status && status.snapshot_window && status.snapshot_window.seconds > 0 ? status.snapshot_window.seconds * 1e3 : NaN;
+    if (snapIsLast) return "the last complete window" + (known(len) ? " (" + spanText(len).slice(1) + ")" : "") + "; this one has no request yet";
+    if (!a || !a.window_start) return "this window";
+    const so = Date.parse(a.window_end) - Date.parse(a.window_start);
+    return "this window (" + spanText(so).slice(1) + " so far" + (known(len) ? " of " + spanText(len).slice(1) : "") + ")";
+  }
 
   function kv(pairs) {
     return `<div class="kv">${pairs.map(([k, v]) => `<span>${esc(k)} <b>${esc(v)}</b></span>`).join("")}</div>`;
@@ -467,7 +489,7 @@
     const rs = snap.anvilproxy && snap.anvilproxy.retry;
     if (!rs) { el.innerHTML = empty("no retry data in " + windowName()); return; }
     const gap = rs.backoff_gap_ms || {};
-    let h = `<div class="big">${known(rs.amplification) ? rs.amplification.toFixed(2) + "×" : "–"}</div>`;
+    let h = `<div class="big">${known(rs.amplification) ? rs.amplification.toFixed(2) + "×" : "–"}</div><p class="note window">${esc(windowName())}</p>`;
     h += kv([["attempts", rs.attempts], ["logical", rs.logical_requests], ["retries", rs.retries],
       ["by SDK header", rs.retries_by_header], ["wasted prompt tok", fmtTok(rs.wasted_prompt_tokens)],
       ["wasted output tok", fmtTok(rs.wasted_completion_tokens)],
@@ -505,7 +527,7 @@
       ["cache checked", take("cache_checked")], ["miss despite reuse", take("cache_miss_despite_reuse")],
       ["expected cached tok", fmtTok(take("expected_cached_tokens"))], ["engine cached tok", fmtTok(take("engine_cached_tokens"))]]
       .filter(([, v]) => v !== undefined);
-    let h = kv(pairs.map(([k, v]) => [k, scalar(v)]));
+    let h = `<p class="note window">${esc(windowName())}</p>` + kv(pairs.map(([k, v]) => [k, scalar(v)]));
     const untracked = Object.entries(take("untracked") || {}).filter(([, n]) => n > 0);
     if (untracked.length) h += kv(untracked.map(([k, n]) => ["untracked " + k.replace(/_/g, " "), n]));
     const by = Object.entries(take("drifts_by_segment_class") || {}).sort((a, b) => b[1] - a[1]);
@@ -563,13 +585,24 @@
     st.className = "status " + (lastError ? "error" : fresh ? "live" : "stale");
     st.textContent = lastError ? "error" : fresh ? "live" : "stale";
     st.title = lastError || "updated " + new Date(lastOK).toLocaleTimeString();
+    if (needToken) {
+      st.textContent = "needs token";
+      $("summary").textContent = TOKEN_MESSAGE;
+      $("summary").className = "summary alert";
+      return;
+    }
+    $("summary").className = "summary";
     // The last minutes of traffic, from the records: right after a window
     // ends, the window itself says "0 requests".
+    // The counts since start and the records come from one poll, so they
+    // agree; the records' span is given only when it is shorter than the
+    // uptime (else it is the same requests, counted twice).
     const [x0, t] = timeRange();
     const recent = records(x0).filter(isInference);
     let text = `last ${spanText(t - x0).slice(1)}: ${countsText(recent)}`;
     if (status) {
-      text += ` · since start: ${status.requests} requests, ${status.failed} failed, ${status.retries} retries · ${status.inflight} in flight`;
+      const since = `since start (${spanText(status.uptime_s * 1e3).slice(1)}): ${status.requests} request${status.requests === 1 ? "" : "s"}, ${status.failed} failed, ${status.retries} retr${status.retries === 1 ? "y" : "ies"}`;
+      text = (status.uptime_s * 1e3 > t - x0 ? text + " · " : "") + since + ` · ${status.inflight} in flight`;
       if (status.upstream && !status.upstream.ready) text += ` · UPSTREAM NOT READY: ${status.upstream.reason}`;
     }
     const model = snap && snap.model;
@@ -592,8 +625,34 @@
     ], recs);
   }
 
+  // renderBaseline shows /diff as anvilproxy diff prints it: the verdict,
+  // then each row's change at p50, p90 and p99, marked where it is inside
+  // the noise or rests on too few samples. Without --baseline the panel
+  // stays hidden.
+  function renderBaseline() {
+    const panel = $("baseline-panel");
+    panel.hidden = !baseline;
+    if (!baseline) return;
+    const cell = (r, stat) => {
+      const p = (r.points || []).find((x) => x.stat === stat);
+      if (!p) return "";
+      const rel = known(p.relative) ? (p.relative >= 0 ? "+" : "") + (100 * p.relative).toFixed(Math.abs(p.relative) >= 0.1 ? 0 : 1) + "%" : "–";
+      const notes = [p.few_samples ? "n<" + p.samples_needed : "", p.inside_noise && known(p.change) ? "noise" : ""].filter(Boolean);
+      return rel + (notes.length ? " (" + notes.join(", ") + ")" : "");
+    };
+    const rows = baseline.rows || [];
+    $("baseline").innerHTML = `<p class="verdict">verdict: ${esc(baseline.verdict || "")}</p>` + table([
+      { name: "metric", get: (r) => r.name },
+      { name: "n base/now", num: true, get: (r) => (r.points[0] ? r.points[0].baseline_samples + "/" + r.points[0].current_samples : "") },
+      { name: "p50", num: true, get: (r) => cell(r, "p50") || cell(r, "value") },
+      { name: "p90", num: true, get: (r) => cell(r, "p90") },
+      { name: "p99", num: true, get: (r) => cell(r, "p99") },
+    ], rows) + `<p class="note">baseline ${esc(baseline.baseline.requests)} requests, ${esc(baseline.baseline.started_at)} to ${esc(baseline.baseline.finished_at)}; now ${esc(windowName())}</p>`;
+  }
+
   function render() {
     renderHeader();
+    renderBaseline();
     renderPhases();
     renderWaterfall();
     renderGoodput();
@@ -624,7 +683,11 @@
 
   renderLegend();
   window.addEventListener("resize", render);
-  poll(async () => ingest((await getJSON("requests?limit=512")).requests || []), REQUESTS_EVERY);
+  poll(async () => {
+    const [reqs, st] = await Promise.all([getJSON("requests?limit=512"), getJSON("status")]);
+    ingest(reqs.requests || []);
+    status = st;
+  }, REQUESTS_EVERY);
   poll(async () => {
     const cur = await getJSON("snapshot");
     snap = cur;
@@ -635,6 +698,6 @@
         if (last.requests > 0) { snap = last; snapIsLast = true; }
       } catch (e) { /* no window has ended yet */ }
     }
-    try { status = await getJSON("status"); } catch (e) { status = null; }
+    try { baseline = await getJSON("diff"); } catch (e) { baseline = null; }
   }, SNAPSHOT_EVERY);
 })();

@@ -1,0 +1,137 @@
+package sim
+
+import (
+	"context"
+	"time"
+)
+
+// AbandonMode is what the engine does with a prefill whose client left.
+type AbandonMode int
+
+const (
+	// AbandonAuto is the Engine's choice.
+	AbandonAuto AbandonMode = iota
+	// AbandonStop stops at once and frees the slot, as vLLM aborts a
+	// request at its next step.
+	AbandonStop
+	// AbandonBatch finishes the Config.BatchTokens batch the prefill is on,
+	// then frees the slot, as llama.cpp does (2,048 tokens by default).
+	AbandonBatch
+	// AbandonPrompt prefills the whole prompt before the slot is free, as
+	// ollama's runner does (3–16 s measured for 3–5k tokens on CPU).
+	AbandonPrompt
+)
+
+var abandonNames = enumText[AbandonMode]{"auto", "stop", "batch", "prompt"}
+
+// String returns "auto", "stop", "batch" or "prompt".
+func (m AbandonMode) String() string { return abandonNames.text(m) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (m AbandonMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler (flag.TextVar).
+func (m *AbandonMode) UnmarshalText(b []byte) error {
+	return abandonNames.parse("abandon mode", b, m)
+}
+
+// prefillTime is how long the first n of res's new prompt tokens take to
+// prefill: the fixed overhead, then per token 1/PrefillTokensPerSec grown
+// by Config.ContextSlowdown for every 1,000 tokens of context it attends
+// to (the cached prefix and the new tokens before it):
+//
+//	(n + g·(cached·n + n²/2)/1000) / rate
+//
+// X-Sim-Prefill instead fixes the whole prefill, spread evenly over the
+// new tokens.
+func (s *Server) prefillTime(j *job, res *result, n int) time.Duration {
+	fresh := res.promptTokens - res.cachedTokens // >= 1: leaveOne
+	if j.knobs.prefill >= 0 {
+		return time.Duration(int64(j.knobs.prefill) * int64(n) / int64(fresh))
+	}
+	g := max(0, s.cfg.ContextSlowdown)
+	work := float64(n) + g*(float64(res.cachedTokens)*float64(n)+float64(n)*float64(n)/2)/1000
+	return prefillOverhead + time.Duration(work/s.cfg.PrefillTokensPerSec*float64(time.Second))
+}
+
+// abandonedUntil returns how far into the prefill (from its start) the
+// engine goes on for a client that left elapsed into it, and the new tokens
+// prefilled by then.
+func (s *Server) abandonedUntil(j *job, res *result, elapsed time.Duration) (time.Duration, int) {
+	fresh := res.promptTokens - res.cachedTokens
+	switch s.cfg.Abandon {
+	case AbandonPrompt:
+		return s.prefillTime(j, res, fresh), fresh
+	case AbandonBatch:
+		b := s.cfg.BatchTokens
+		n := min(b, fresh)
+		for n < fresh && s.prefillTime(j, res, n) <= elapsed {
+			n = min(n+b, fresh)
+		}
+		return s.prefillTime(j, res, n), n
+	}
+	// Stop: what was done by then, to the last whole token.
+	n := 0
+	for n < fresh && s.prefillTime(j, res, n+1) <= elapsed {
+		n++
+	}
+	return elapsed, n
+}
+
+// prePrefill is the work on slot k before res's prompt can be prefilled:
+// with per-slot caches and llama.cpp's RAM prompt cache (Config.SwitchCost
+// > 0), a slot whose resident prompt the new one would overwrite saves it
+// to the RAM cache first, and a prompt the RAM cache holds a longer prefix
+// of than the slot is restored from it; each costs SwitchCost. It sets
+// res.cachedTokens to what the slot, or the restore, serves. The caller
+// holds s.mu.
+func (s *Server) prePrefill(k int, hs []uint64, res *result) time.Duration {
+	res.cachedTokens = s.reuse(k, hs, res.promptTokens)
+	if s.cfg.Cache != CacheSlot || s.cfg.SwitchCost <= 0 {
+		return 0
+	}
+	var work time.Duration
+	resident := s.slots[k].resident
+	restored := s.cache.match(hs, res.promptTokens)
+	if len(resident) > 0 && commonPrefix(resident, hs) < len(resident) {
+		s.cache.insert(resident) // saved before it is overwritten
+		work += s.cfg.SwitchCost
+	}
+	if restored > res.cachedTokens {
+		res.cachedTokens = restored
+		work += s.cfg.SwitchCost
+	}
+	return work
+}
+
+// runOn keeps the slot of a request whose client left during prefill busy
+// until the work the engine does anyway is done (Config.Abandon), and
+// records what the slot holds then. ctx is done; the wait is not
+// cancellable, as the engine's is not.
+func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time) {
+	res.left = time.Now()
+	until, done := s.abandonedUntil(j, res, max(0, res.left.Sub(prefillStart)))
+	if d := time.Until(prefillStart.Add(until)); d > 0 {
+		time.Sleep(d)
+	}
+	res.abandoned = time.Since(res.left)
+	if s.cfg.Cache == CacheSlot {
+		blocks := (res.cachedTokens + done) / s.cfg.CacheBlockTokens
+		s.mu.Lock()
+		s.keep(k, j.hashes[:min(blocks, len(j.hashes))])
+		s.mu.Unlock()
+	}
+}
+
+// prefill waits out res's prefill from start; if the client leaves first
+// it records the abort at once, runs on as the engine would and returns
+// errClientGone.
+func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *result, k int, start time.Time) error {
+	fresh := res.promptTokens - res.cachedTokens
+	if sleepUntil(ctx, timer, start.Add(s.prefillTime(j, res, fresh))) != nil {
+		err := s.abort(j, res, PhasePrefill)
+		s.runOn(j, res, k, start)
+		return err
+	}
+	return nil
+}
