@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/valyala/fasthttp"
 )
@@ -93,8 +94,10 @@ func nextLoop() *loop {
 // from other goroutines, under mu, followed by a wake.
 type loop struct {
 	epfd, evfd int
-	buf        []byte // every upstream read goes here: loopRoom + relayBufSize + loopTail
-	frame      []byte // the chunk being written when it is not built in buf in place
+	file       *os.File        // epfd, registered with the runtime's netpoller
+	rc         syscall.RawConn // file's, to wait in the netpoller
+	buf        []byte          // every upstream read goes here: loopRoom + relayBufSize + loopTail
+	frame      []byte          // the chunk being written when it is not built in buf in place
 	streams    []*loopStream
 	free       []uint32 // unused slots of streams
 	active     int
@@ -124,7 +127,21 @@ func newLoop() (*loop, error) {
 		syscall.Close(evfd)
 		return nil, err
 	}
-	return &loop{epfd: epfd, evfd: evfd, buf: make([]byte, loopRoom+relayBufSize+loopTail)}, nil
+	// The set is waited for in the runtime's netpoller (run): non-blocking,
+	// so that os.NewFile registers it there.
+	if err := syscall.SetNonblock(epfd, true); err != nil {
+		syscall.Close(epfd)
+		syscall.Close(evfd)
+		return nil, err
+	}
+	f := os.NewFile(uintptr(epfd), "anvilproxy-loop")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		syscall.Close(evfd)
+		return nil, err
+	}
+	return &loop{epfd: epfd, evfd: evfd, file: f, rc: rc, buf: make([]byte, loopRoom+relayBufSize+loopTail)}, nil
 }
 
 // wake makes the loop look at its inbox and aborts.
@@ -159,19 +176,40 @@ func (p *Proxy) abortLoops() {
 	}
 }
 
+// run waits for the loop's events in the runtime's netpoller, not in a
+// blocking epoll_wait: the loop's epoll set is itself a pollable
+// descriptor, registered with the runtime (os.NewFile), so a loop with
+// nothing to do is a parked goroutine that holds no thread and no P. A
+// blocking epoll_wait would hold its P until sysmon took it back (up to
+// 10 ms when the process is quiet), and with a loop per P every other
+// goroutine (the requests fasthttp serves) would wait that long.
+// epoll_wait itself is called with a zero timeout, as a raw syscall.
 func (l *loop) run() {
 	var evs [loopEvents]syscall.EpollEvent
-	for {
-		wait := -1
-		if l.active > 0 {
-			wait = max(int(time.Until(l.nextScan)/time.Millisecond), 0) + 1
+	var n int
+	wait := func(fd uintptr) bool {
+		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), loopEvents, 0, 0, 0)
+		n = int(r)
+		if errno != 0 {
+			n = 0
 		}
-		n, err := syscall.EpollWait(l.epfd, evs[:], wait)
-		if err != nil && !errors.Is(err, syscall.EINTR) {
+		return n > 0 // none: park until the set is readable
+	}
+	armed := time.Time{}
+	for {
+		if l.active > 0 && !armed.Equal(l.nextScan) {
+			_ = l.file.SetReadDeadline(l.nextScan)
+			armed = l.nextScan
+		} else if l.active == 0 && !armed.IsZero() {
+			_ = l.file.SetReadDeadline(time.Time{})
+			armed = time.Time{}
+		}
+		n = 0
+		if err := l.rc.Read(wait); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			time.Sleep(10 * time.Millisecond) // cannot happen with a valid set; never spin
 			continue
 		}
-		for i := range evs[:max(n, 0)] {
+		for i := range evs[:n] {
 			slot := uint32(evs[i].Fd)
 			if slot == wakeSlot {
 				l.takeInbox()

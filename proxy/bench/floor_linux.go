@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 )
 
 // RunFloorRelay is the floor of a Go relay on this machine: a TCP relay
@@ -81,6 +83,9 @@ func newFloorLoop() (*floorLoop, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		return nil, err
+	}
 	return &floorLoop{epfd: fd, buf: make([]byte, 16<<10), conns: map[int]*floorConn{}}, nil
 }
 
@@ -144,12 +149,29 @@ func (l *floorLoop) lookup(fd int) *floorConn {
 	return l.conns[fd]
 }
 
+// run waits as the proxy's loops do (proxy/loop_linux.go): the epoll set
+// is registered with the runtime's netpoller and polled with a zero
+// timeout, so an idle loop is a parked goroutine, not a blocked thread.
 func (l *floorLoop) run() {
 	var evs [256]syscall.EpollEvent
+	f := os.NewFile(uintptr(l.epfd), "floor-loop")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	n := 0
+	wait := func(fd uintptr) bool {
+		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
+		n = int(r)
+		if errno != 0 {
+			n = 0
+		}
+		return n > 0
+	}
 	for {
-		n, err := syscall.EpollWait(l.epfd, evs[:], -1)
-		if err != nil {
-			continue // EINTR
+		n = 0
+		if rc.Read(wait) != nil {
+			return
 		}
 		for i := range evs[:n] {
 			c := l.lookup(int(evs[i].Fd))
