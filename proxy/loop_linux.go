@@ -860,6 +860,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	}
 	s.head = append(s.head, "\r\n"...)
 	r.endWatch() // the loop watches the client from now on
+	r.giveBuf()  // the loop reads into its own buffer: a held stream keeps no 16 KiB of its own
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(s.hijacked)
 	return true

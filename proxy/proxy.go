@@ -170,6 +170,7 @@ func (p *Proxy) expect(ctx *fasthttp.RequestCtx) int {
 // upstream headers are in.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.relays.Get().(*relay)
+	r.takeBuf()
 	tr := &r.tr
 	tr.ID = p.nextID.Add(1)
 	tr.Recv = ctx.Time()
