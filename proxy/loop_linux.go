@@ -380,11 +380,12 @@ type loopStream struct {
 	chunked   bool // the client gets the body chunked (HTTP/1.1); else close-delimited
 	keepAlive bool // the client connection goes back to fasthttp at the end
 
-	park       []byte // bytes the client socket did not take yet
-	upDone     bool   // the upstream body ended (or failed)
-	dirty      bool   // bytes beyond the response were read: the connection is not pooled
-	ending     bool   // the last bytes are parked: the stream ends when they are out
-	sentLast   bool   // the last chunk went out (or is parked) with the data
+	park       []byte  // bytes the client socket did not take yet
+	parkp      *[]byte // park's pooled home
+	upDone     bool    // the upstream body ended (or failed)
+	dirty      bool    // bytes beyond the response were read: the connection is not pooled
+	ending     bool    // the last bytes are parked: the stream ends when they are out
+	sentLast   bool    // the last chunk went out (or is parked) with the data
 	registered bool
 	over       bool // done ran
 
@@ -623,7 +624,8 @@ func (s *loopStream) send(b []byte, now time.Time) {
 	}
 	if n < len(b) {
 		if s.park == nil {
-			s.park = parkBufs.Get().([]byte)[:0]
+			s.parkp = parkBufs.Get().(*[]byte)
+			s.park = (*s.parkp)[:0]
 		}
 		s.park = append(s.park, b[n:]...)
 		s.writeMark = now
@@ -638,7 +640,7 @@ var loopParkMax atomic.Int64
 
 // parkBufs holds the buffers of parked bytes: a stream takes one only
 // while its client is slower than its engine.
-var parkBufs = sync.Pool{New: func() any { return make([]byte, 0, relayBufSize) }}
+var parkBufs = sync.Pool{New: func() any { b := make([]byte, 0, relayBufSize); return &b }}
 
 // clientEvent handles the client socket: writable again, or gone.
 func (s *loopStream) clientEvent(ev uint32) {
@@ -683,10 +685,11 @@ func (s *loopStream) flush() {
 }
 
 func (s *loopStream) dropPark() {
-	if s.park != nil && cap(s.park) <= 4*relayBufSize {
-		parkBufs.Put(s.park[:0]) //nolint:staticcheck // a slice header per park, not per event
+	if s.parkp != nil && cap(s.park) <= 4*relayBufSize {
+		*s.parkp = s.park[:0]
+		parkBufs.Put(s.parkp)
 	}
-	s.park = nil
+	s.park, s.parkp = nil, nil
 }
 
 // endBody ends a complete upstream body: the held tail of --inject-usage
