@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -49,4 +50,30 @@ func TestInflightBodyBytesBounded(t *testing.T) {
 	require.Equal(t, 200, (<-first).status)
 	log.next(t)
 	require.Equal(t, 200, post(t, base+"/v1/chat/completions", strings.Repeat("b", body)).status, "the bound was not given back")
+}
+
+// TestSlowBodyLiarsCannotStarve (L4b): sixteen clients that declare a
+// large body and send 9 KB of it hold only what they sent (their buffer's
+// first step), so that an honest POST is served at once. The bound used to
+// be reserved for the declared length before any body byte arrived, and
+// kept every POST at 503 for the whole read timeout.
+func TestSlowBodyLiarsCannotStarve(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "{}")
+	})
+	const budget = 16 << 20
+	base, p := startProxy(t, Config{Upstream: up.URL, MaxInflightBodyBytes: budget, ReadTimeout: time.Minute}, newTraceLog())
+	for range 16 {
+		c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4194304\r\n\r\n"+strings.Repeat("a", 9000))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return p.bodyBytes.Load() >= 16*9000 }, 5*time.Second, 5*time.Millisecond,
+		"the liars' bodies are being read")
+	require.LessOrEqual(t, p.bodyBytes.Load(), int64(16*bodyStepMin), "a liar holds more than its first step")
+	ex := post(t, base+"/v1/chat/completions", strings.Repeat("b", 1<<20))
+	require.Equal(t, 200, ex.status, "slow liars starved an honest client")
 }

@@ -36,6 +36,7 @@ const (
 	refuseUpstreamTimeout                    // the upstream was silent past --upstream-read-timeout before its head
 	refuseUpstreamBroken                     // the upstream closed, reset or answered malformed before its head
 	refuseInternal                           // a bug: the handler panicked
+	refuseVersion                            // a request line naming an HTTP version other than 1.0 or 1.1
 )
 
 // after says what becomes of the client connection after a refusal.
@@ -67,6 +68,7 @@ var refusals = [...]struct {
 	refuseUpstreamTimeout: {fasthttp.StatusGatewayTimeout, SideUpstream, ErrUpstreamTimeout, keepAlive},
 	refuseUpstreamBroken:  {fasthttp.StatusBadGateway, SideUpstream, ErrUpstreamBroken, keepAlive},
 	refuseInternal:        {fasthttp.StatusInternalServerError, SideProxy, ErrInternal, closeConn},
+	refuseVersion:         {fasthttp.StatusHTTPVersionNotSupported, SideClient, ErrBadRequest, closeConn},
 }
 
 // upstreamFailure maps an error from the upstream round trip (before any
@@ -114,8 +116,11 @@ var errMessages = [...]string{
 }
 
 // writeError answers with a small OpenAI-style JSON error that SDKs parse.
-// It names the upstream (operator configuration) and the kind of failure,
-// never anything taken from the request, so no prompt or key can leak.
+// It names the kind of failure and, for a failure on the upstream's side
+// (upstreamHost is then non-empty), the upstream (operator configuration):
+// never anything taken from the request, so no prompt or key can leak. A
+// refusal of the client's own request names no upstream: the engine was
+// never involved.
 func writeError(ctx *fasthttp.RequestCtx, status int, kind ErrKind, upstreamHost string) {
 	msg := "error"
 	if int(kind) < len(errMessages) {

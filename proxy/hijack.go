@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -45,7 +46,7 @@ func hasToken(v []byte, tok string) bool {
 // or that names a protocol other than the one asked for, is a broken
 // upstream: 502, and the connection, now speaking who knows what, is
 // closed. Otherwise the 101 goes to the client with its headers and the
-// two connections are joined until either side closes.
+// two connections are joined until both sides end or the tunnel idles out.
 func (p *Proxy) switchProtocols(ctx *fasthttp.RequestCtx, r *relay) {
 	tr := &r.tr
 	tr.Status = fasthttp.StatusSwitchingProtocols
@@ -58,8 +59,10 @@ func (p *Proxy) switchProtocols(ctx *fasthttp.RequestCtx, r *relay) {
 	r.endWatch() // the tunnel reads the client from now on
 	head := switchHead(&r.resp.Header)
 	r.upgraded = true
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(cc net.Conn) { p.tunnel(r, cc, head) })
+	p.hijack(ctx, func(cc net.Conn) { p.tunnel(r, cc, head) }, func() {
+		r.fail(SideClient, ErrClientGone)
+		p.endTunnel(r)
+	})
 }
 
 // switchHead is the 101 as the client gets it: the upstream's headers minus
@@ -70,40 +73,184 @@ func switchHead(h *fasthttp.ResponseHeader) []byte {
 	return b
 }
 
-// tunnel copies bytes both ways between the client and the upstream until
-// either side closes or fails, then closes both, as Go's ReverseProxy does
-// for upgraded connections. It runs on the goroutine fasthttp starts for
-// the hijacked connection, and ends the request's Trace.
+// tunnelBufSize is the client → engine copy's buffer; the other way uses
+// the relay's.
+const tunnelBufSize = 16 << 10
+
+// tunnel copies bytes both ways between the client and the upstream. It
+// runs on the goroutine fasthttp starts for the hijacked connection, plus
+// one for the client → engine copy, and ends the request's Trace when both
+// are done.
+//
+// The tunnel's one idle timeout is --upstream-read-timeout, renewed by a
+// byte in either direction (as nginx's proxy_read_timeout for WebSockets):
+// a read that times out while the other direction moved bytes within it
+// goes on. Each write has its side's idle deadline (--client-write-timeout
+// to the client; the upstream connection renews its own). At the first
+// EOF the other side is half-closed (CloseWrite), as Go's ReverseProxy
+// does; both are closed fully when both directions ended, on any error,
+// or on the idle timeout. fasthttp's hijacked connection ignores Close, so
+// the client's socket is closed under it (closeClient).
 func (p *Proxy) tunnel(r *relay, cc net.Conn, head []byte) {
 	c := r.up.Load()
-	_ = cc.SetDeadline(time.Time{})
+	t := &tunnelState{idle: p.cfg.UpstreamReadTimeout, writeIdle: p.cfg.ClientWriteTimeout}
+	t.touch()
+	_ = cc.SetDeadline(time.Now().Add(t.writeIdle))
 	if _, err := cc.Write(head); err != nil {
 		r.fail(SideClient, ErrClientGone)
-		p.endTunnel(r, c)
+		closeClient(cc)
+		p.endTunnel(r)
 		return
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
+	_ = cc.SetDeadline(time.Time{})
+	closeAll := sync.OnceFunc(func() { closeClient(cc); _ = c.Close() })
+	var up tunnelEnd
+	done := make(chan struct{})
 	go func() { // client → upstream
-		defer wg.Done()
-		r.tr.TunnelUp, _ = io.Copy(c.Conn, cc)
-		_ = c.Close()
-		_ = cc.Close()
+		defer close(done)
+		up = t.copy(c, cc, cc, nil, make([]byte, tunnelBufSize))
+		if up.readErr == io.EOF && up.writeErr == nil {
+			_ = closeWrite(c.Conn)
+		} else {
+			closeAll()
+		}
 	}()
-	// upstream → client: what fasthttp's reader already holds comes first.
-	var err error
-	r.tr.TunnelDown, err = io.CopyBuffer(cc, c.br, r.buf)
-	_ = cc.Close()
-	_ = c.Close()
-	wg.Wait()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
-		r.fail(SideUpstream, ErrUpstreamBroken)
+	// upstream → client: what the connection's reader already holds comes
+	// first; the upstream connection renews its own read deadline.
+	down := t.copy(cc, c.br, nil, cc, r.buf)
+	if down.readErr == io.EOF && down.writeErr == nil {
+		_ = closeWrite(cc)
+	} else {
+		closeAll()
 	}
-	p.endTunnel(r, c)
+	<-done
+	closeAll()
+	r.tr.TunnelUp, r.tr.TunnelDown = up.n, down.n
+	r.failTunnel(up, down)
+	p.endTunnel(r)
 }
 
-func (p *Proxy) endTunnel(r *relay, c *upConn) {
-	_ = c.Close()
+// failTunnel records why a tunnel ended, the first cause first: an idle
+// timeout is the upstream's silence (the client of a tunnel keeps it alive
+// with its pings); an error reading or writing a side is that side's. A
+// read error that closeAll caused (net.ErrClosed) is a consequence.
+func (r *relay) failTunnel(up, down tunnelEnd) {
+	if r.p.aborting.Load() {
+		r.fail(SideUpstream, ErrUpstreamBroken) // recorded as the shutdown's
+	}
+	if up.timedOut || down.timedOut {
+		r.fail(SideUpstream, ErrUpstreamTimeout)
+	}
+	for _, e := range [...]struct {
+		err  error
+		side Side
+	}{{down.readErr, SideUpstream}, {down.writeErr, SideClient}, {up.readErr, SideClient}, {up.writeErr, SideUpstream}} {
+		if e.err == nil || e.err == io.EOF || errors.Is(e.err, net.ErrClosed) || isTimeout(e.err) {
+			continue
+		}
+		if e.side == SideClient {
+			r.fail(SideClient, ErrClientGone)
+		} else {
+			r.fail(SideUpstream, ErrUpstreamBroken)
+		}
+	}
+}
+
+// tunnelState is what a tunnel's two copies share: when a byte last moved
+// either way, which renews both directions' idle timeout.
+type tunnelState struct {
+	idle      time.Duration
+	writeIdle time.Duration
+	last      atomic.Int64 // unix nanoseconds
+}
+
+func (t *tunnelState) touch() { t.last.Store(time.Now().UnixNano()) }
+
+// quiet reports whether nothing moved either way for the idle timeout.
+func (t *tunnelState) quiet() bool {
+	return time.Since(time.Unix(0, t.last.Load())) >= t.idle
+}
+
+// tunnelEnd is how one direction of a tunnel ended.
+type tunnelEnd struct {
+	n        int64
+	readErr  error // io.EOF: the source ended cleanly
+	writeErr error
+	timedOut bool // the tunnel idled out
+}
+
+// copy moves src to dst until src ends or fails, dst fails, or the tunnel
+// is quiet for the idle timeout. srcDL is src's connection when copy sets
+// its read deadlines (the upstream connection sets its own); dstDL is dst's
+// when copy sets its write deadlines.
+func (t *tunnelState) copy(dst io.Writer, src io.Reader, srcDL, dstDL net.Conn, buf []byte) tunnelEnd {
+	var e tunnelEnd
+	var rdl, wdl idleDeadline
+	for {
+		if srcDL != nil {
+			if dl, ok := rdl.next(time.Now(), t.idle); ok {
+				_ = srcDL.SetReadDeadline(dl)
+			}
+		}
+		n, err := src.Read(buf)
+		if n > 0 {
+			t.touch()
+			if dstDL != nil {
+				if dl, ok := wdl.next(time.Now(), t.writeIdle); ok {
+					_ = dstDL.SetWriteDeadline(dl)
+				}
+			}
+			w, werr := dst.Write(buf[:n])
+			e.n += int64(w)
+			if werr != nil {
+				e.writeErr = werr
+				return e
+			}
+			t.touch()
+		}
+		if err == nil {
+			continue
+		}
+		if isTimeout(err) {
+			if !t.quiet() {
+				rdl.clear() // the other direction is alive: wait again
+				continue
+			}
+			e.timedOut = true
+		}
+		e.readErr = err
+		return e
+	}
+}
+
+// closeWrite half-closes c (a TCP or TLS connection, or fasthttp's
+// hijacked wrapper of one): the peer reads EOF, and c can still be read.
+func closeWrite(c net.Conn) error {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	if tc, ok := unwrapTCP(c); ok {
+		return tc.CloseWrite()
+	}
+	return c.Close()
+}
+
+// closeClient closes a hijacked client connection for real: fasthttp's
+// wrapper ignores Close (it closes the connection only once the hijack
+// handler returns), so a copy blocked reading it would never end.
+func closeClient(cc net.Conn) {
+	if u, ok := cc.(interface{ UnsafeConn() net.Conn }); ok {
+		cc = u.UnsafeConn()
+	}
+	_ = cc.Close()
+}
+
+// endTunnel ends a tunnel's request: its upstream connection is closed
+// (never pooled: release sees upgraded) and its Trace recorded.
+func (p *Proxy) endTunnel(r *relay) {
+	if c := r.up.Load(); c != nil {
+		_ = c.Close()
+	}
 	now := time.Now()
 	r.tr.Upgraded = true
 	r.tr.End, r.tr.ClientDone = now, now
@@ -116,17 +263,68 @@ func (p *Proxy) endTunnel(r *relay, c *upConn) {
 // Connection: close), then the body as it streams, then the close.
 func (p *Proxy) closeDelimited(ctx *fasthttp.RequestCtx, r *relay) {
 	head := append(appendHead(nil, &ctx.Response.Header, true), "Connection: close\r\n\r\n"...)
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(func(cc net.Conn) {
+	p.hijack(ctx, func(cc net.Conn) {
 		r.conn = cc
 		_, err := cc.Write(head)
 		if err == nil {
 			_, err = r.WriteTo(cc)
 		}
 		_ = r.CloseWithError(err)
-		_ = cc.Close() // the close delimits the body (and the server may keep hijacked connections)
+		closeClient(cc) // the close delimits the body (and the server may keep hijacked connections: Config.EventLoop)
+	}, func() { _ = r.CloseWithError(errHijackLost) })
+}
+
+// errHijackLost is why a response handed to the raw connection never
+// started: fasthttp could not flush what it held for the connection (the
+// client reset it), so it closed it without running the hijack.
+var errHijackLost = errors.New("the client connection closed before it was handed over")
+
+// hijacks holds the client connections whose response the proxy writes
+// itself (a tunnel, an HTTP/1.0 stream) from the handler's Hijack until
+// the hijack handler starts. fasthttp runs that handler only after it
+// flushed what it holds for the connection; when the flush fails (a
+// client that pipelined a request before the upgrade and reset), it closes
+// the connection without running it, and the connection's StateClosed is
+// the only sign. Each entry is taken exactly once: by the hijack handler,
+// or by connState, which then runs its abandon function so that the
+// request's resources are released and its Trace recorded. It also counts
+// the hijacked connections being served, which fasthttp no longer counts,
+// for shutdown. Safe for concurrent use.
+type hijacks struct {
+	pending sync.Map     // net.Conn (ctx.Conn()) → func() (abandon)
+	running atomic.Int64 // hijack handlers registered and not returned
+}
+
+// hijack hands ctx's connection to run once the handler has returned, or,
+// if fasthttp closes it instead, calls abandon on the connection's
+// goroutine. run and abandon own the request from then on.
+func (p *Proxy) hijack(ctx *fasthttp.RequestCtx, run func(net.Conn), abandon func()) {
+	key := ctx.Conn()
+	p.hj.running.Add(1)
+	p.hj.pending.Store(key, abandon)
+	ctx.HijackSetNoResponse(true)
+	ctx.Hijack(func(cc net.Conn) {
+		defer p.hj.running.Add(-1)
+		if _, ok := p.hj.pending.LoadAndDelete(key); !ok {
+			return // abandoned already; cannot happen, but run must not follow abandon
+		}
+		run(cc)
 	})
 }
+
+// abandonHijack runs the abandon function of a hijack that never started
+// on c, which fasthttp has just closed.
+func (p *Proxy) abandonHijack(c net.Conn) {
+	if v, ok := p.hj.pending.LoadAndDelete(c); ok {
+		defer p.hj.running.Add(-1)
+		v.(func())()
+	}
+}
+
+// Hijacked returns the number of client connections the proxy serves
+// itself (tunnels, HTTP/1.0 streams): fasthttp's Shutdown does not wait
+// for them, and Inflight counts their requests until their Traces are in.
+func (p *Proxy) Hijacked() int64 { return p.hj.running.Load() }
 
 // appendHead appends a response's status line and its end-to-end header
 // lines (hop-by-hop ones dropped, and Content-Length when unframed), but

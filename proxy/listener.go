@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"container/list"
 	"errors"
 	"net"
 	"strconv"
@@ -36,16 +37,31 @@ var tooManyConns = func() []byte {
 // most once a second, and retried after a back-off. With MaxClientConns
 // set, a connection over it gets a 503 and is closed, so the file
 // descriptors that the streams in flight need are never taken by idle
-// clients. The returned listener is safe for concurrent use.
+// clients. At the bound, the connection idle the longest between two
+// keep-alive requests is closed to make room (as nginx does), so that idle
+// clients cannot lock new ones out; only a bound full of busy connections
+// refuses. The returned listener is safe for concurrent use.
 func (p *Proxy) Listener(ln net.Listener) net.Listener {
 	return GuardListener(ln, p.cfg.MaxClientConns, &p.stats, p.log)
 }
 
 // GuardListener is Proxy.Listener for any listener (serve's admin listener
 // too): at most maxConns connections at once (0: no bound), accept errors
-// and refusals counted in st and logged to log.
+// and refusals counted in st and logged to log. Its server must report
+// idle connections with MarkIdle (Proxy.Server does) for the bound to
+// close them to make room.
 func GuardListener(ln net.Listener, maxConns int, st *Stats, log *zap.Logger) net.Listener {
 	return &guardedListener{Listener: ln, st: st, log: log, max: int64(maxConns)}
+}
+
+// MarkIdle tells c's guarded listener whether c waits for a request: call
+// it from the server's ConnState hook (idle: StateNew or StateIdle, no
+// request in progress; not idle: any other state). Connections of other
+// listeners are ignored.
+func MarkIdle(c net.Conn, idle bool) {
+	if cc, ok := c.(*countedConn); ok {
+		cc.l.markIdle(cc, idle)
+	}
 }
 
 type guardedListener struct {
@@ -57,6 +73,9 @@ type guardedListener struct {
 	refusing atomic.Int64
 	mu       sync.Mutex
 	lastLog  time.Time
+
+	idleMu sync.Mutex
+	idle   list.List // of *countedConn idle between requests, longest idle first
 }
 
 func (l *guardedListener) Accept() (net.Conn, error) {
@@ -74,7 +93,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		backoff = 0
-		if l.max > 0 && l.open.Load() >= l.max {
+		if l.max > 0 && l.open.Load() >= l.max && !l.closeIdle() {
 			l.refuse(c)
 			continue
 		}
@@ -95,6 +114,40 @@ func (l *guardedListener) logAcceptError(err error, backoff time.Duration) {
 		l.log.Error("accepting a client connection failed; retrying", zap.Error(err),
 			zap.Duration("backoff", backoff), zap.Uint64("accept_errors_total", l.st.AcceptErrors.Load()))
 	}
+}
+
+// markIdle keeps the list of idle connections, in the order they became
+// idle.
+func (l *guardedListener) markIdle(c *countedConn, idle bool) {
+	l.idleMu.Lock()
+	defer l.idleMu.Unlock()
+	if c.idleAt != nil {
+		l.idle.Remove(c.idleAt)
+		c.idleAt = nil
+	}
+	if idle && !c.closed.Load() {
+		c.idleAt = l.idle.PushBack(c)
+	}
+}
+
+// closeIdle closes the connection idle the longest, to make room for a new
+// one, and reports whether there was one. RFC 9112 §9.3 lets a server
+// close an idle connection at any time; a client that sent a request on it
+// in the same instant retries it as it would after any keep-alive close.
+func (l *guardedListener) closeIdle() bool {
+	l.idleMu.Lock()
+	e := l.idle.Front()
+	if e != nil {
+		l.idle.Remove(e)
+		e.Value.(*countedConn).idleAt = nil
+	}
+	l.idleMu.Unlock()
+	if e == nil {
+		return false
+	}
+	l.st.IdleClosed.Add(1)
+	_ = e.Value.(*countedConn).Close()
+	return true
 }
 
 // refuse answers an excess connection with a 503 and closes it, on a
@@ -123,11 +176,13 @@ type countedConn struct {
 	net.Conn
 	l      *guardedListener
 	closed atomic.Bool
+	idleAt *list.Element // its place in l.idle while idle; guarded by l.idleMu
 }
 
 func (c *countedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.l.open.Add(-1)
+		c.l.markIdle(c, false)
 	}
 	return c.Conn.Close()
 }

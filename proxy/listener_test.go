@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -27,50 +28,72 @@ func startGuardedProxy(t *testing.T, cfg Config) (string, *Proxy) {
 	return ln.Addr().String(), p
 }
 
-// TestClientConnectionCap (R3): with --max-conns 2, two idle keep-alive
-// clients hold their connections; a third is answered 503 with Retry-After
-// and closed, and is served again once one of the two has gone.
+// TestClientConnectionCap (R3): with --max-conns 2 and two requests in
+// progress, a third connection is answered 503 with Retry-After and closed.
+// Once the two are idle keep-alive connections, a new client is served:
+// the connection idle the longest is closed to make room (as nginx does),
+// the other keeps serving.
 func TestClientConnectionCap(t *testing.T) {
-	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	release := make(chan struct{})
+	var busy atomic.Int32
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			busy.Add(1)
+			<-release
+		}
+		io.WriteString(w, "ok")
+	})
 	addr, p := startGuardedProxy(t, Config{Upstream: up.URL, MaxClientConns: 2})
-	get := func(c net.Conn) *http.Response {
-		_, err := io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+	send := func(c net.Conn, path string) {
+		_, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
 		require.NoError(t, err)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	}
+	read := func(br *bufio.Reader) *http.Response {
+		resp, err := http.ReadResponse(br, nil)
 		require.NoError(t, err)
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
 	}
-	var held []net.Conn
-	for range 2 {
+	dial := func() (net.Conn, *bufio.Reader) {
 		c, err := net.Dial("tcp", addr)
 		require.NoError(t, err)
-		defer c.Close()
+		t.Cleanup(func() { c.Close() })
 		require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-		require.Equal(t, 200, get(c).StatusCode)
-		held = append(held, c)
+		return c, bufio.NewReader(c)
 	}
-	c, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, c.SetDeadline(time.Now().Add(5*time.Second)))
-	resp := get(c)
-	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	var held []net.Conn
+	var readers []*bufio.Reader
+	for range 2 {
+		c, br := dial()
+		send(c, "/slow")
+		held, readers = append(held, c), append(readers, br)
+	}
+	require.Eventually(t, func() bool { return busy.Load() == 2 }, 5*time.Second, 5*time.Millisecond)
+	c, br := dial()
+	send(c, "/v1/models")
+	resp := read(br)
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "a busy connection was closed to make room")
 	require.Equal(t, "1", resp.Header.Get("Retry-After"))
 	require.True(t, resp.Close)
 	require.Equal(t, uint64(1), p.Stats().ConnsRefused.Load())
 
-	held[0].Close()
-	require.Eventually(t, func() bool {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			return false
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		return get(c).StatusCode == 200
-	}, 5*time.Second, 20*time.Millisecond, "a freed connection slot was not given back")
+	close(release)
+	for _, br := range readers {
+		require.Equal(t, 200, read(br).StatusCode)
+	}
+	send(held[1], "/v1/models") // held[1] is idle since now, held[0] since before
+	require.Equal(t, 200, read(readers[1]).StatusCode)
+	// Both are idle, held[0] the longest: the next client gets its place.
+	c, br = dial()
+	send(c, "/v1/models")
+	require.Equal(t, 200, read(br).StatusCode, "idle keep-alive clients locked a new client out")
+	require.Equal(t, uint64(1), p.Stats().IdleClosed.Load())
+	_, err := readers[0].ReadByte()
+	require.ErrorIs(t, err, io.EOF, "the longest idle connection was not the one closed")
+	send(held[1], "/v1/models")
+	require.Equal(t, 200, read(readers[1]).StatusCode)
+	require.Equal(t, uint64(1), p.Stats().ConnsRefused.Load())
 }
 
 // TestAcceptErrorsDoNotStopServing (R3): an accept error (the listener's

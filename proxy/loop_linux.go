@@ -864,9 +864,18 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	s.head = append(s.head, "\r\n"...)
 	r.endWatch() // the loop watches the client from now on
 	r.giveBuf()  // the loop reads into its own buffer: a held stream keeps no 16 KiB of its own
-	ctx.HijackSetNoResponse(true)
-	ctx.Hijack(s.hijacked)
+	p.hijack(ctx, s.hijacked, s.abandoned)
 	return true
+}
+
+// abandoned ends a stream whose hijack fasthttp dropped (it closed the
+// client connection without running hijacked): nothing reached the
+// client, and the engine's connection is closed.
+func (s *loopStream) abandoned() {
+	s.r.fail(SideClient, ErrClientGone)
+	_ = s.c.Close()
+	s.r.tr.ClientDone = time.Now()
+	s.r.p.finish(s.r)
 }
 
 // hijacked runs on the goroutine fasthttp starts for the hijacked

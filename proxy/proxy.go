@@ -18,6 +18,7 @@ package proxy
 
 import (
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,9 +51,10 @@ type Proxy struct {
 	inflight  atomic.Int64 // requests being served, from headers read to trace emitted
 	upstream  atomic.Int64 // requests admitted upstream and not finished
 	relays    sync.Pool
+	hj        hijacks
 
 	srv      atomic.Pointer[fasthttp.Server] // the last Server: the event loop hands connections back to it
-	draining atomic.Bool                     // Shutdown ran: a stream's end closes its client connection
+	draining atomic.Bool                     // Drain ran: a stream's end closes its client connection
 }
 
 // New validates cfg and returns a Proxy that reports to rec and logs one
@@ -131,6 +133,8 @@ func (p *Proxy) Server() *fasthttp.Server {
 		Handler:        p.Handle,
 		ErrorHandler:   p.handleReadError,
 		ExpectHandler:  p.expect,
+		HeaderReceived: p.headerReceived,
+		ConnState:      p.connState,
 		ReadTimeout:    p.cfg.ReadTimeout,
 		IdleTimeout:    2 * time.Minute,
 		ReadBufferSize: p.cfg.MaxHeaderBytes,
@@ -155,32 +159,89 @@ func (p *Proxy) Server() *fasthttp.Server {
 }
 
 // expect answers a client's Expect: 100-continue: 413 instead of 100 when
-// the declared body is over the limit, so that a client that waits (curl
-// does for bodies over 1 MiB) sends none of it. A client that does not
-// wait is refused by readBody once fasthttp has pre-read at most 8 KiB.
+// the declared body is over the limit (headerReceived marked it), so that a
+// client that waits (curl does for bodies over 1 MiB) sends none of it. The
+// refusal is recorded like any other; fasthttp writes the response and
+// closes the connection, with nothing unread to linger for.
 func (p *Proxy) expect(ctx *fasthttp.RequestCtx) int {
-	if ctx.Request.Header.ContentLength() > p.cfg.MaxBodyBytes {
-		return fasthttp.StatusRequestEntityTooLarge
+	if !bodyOverLimit(&ctx.Request.Header) {
+		return fasthttp.StatusContinue
 	}
-	return fasthttp.StatusContinue
+	r := p.begin(ctx, time.Now()) // ctx.Time is stamped after the expectation
+	row := &refusals[refuseBodyTooLarge]
+	r.fail(row.side, row.kind)
+	p.answerError(ctx, r, row.status)
+	return row.status
+}
+
+// overLimitHeader marks a request whose declared Content-Length is over
+// --max-body-bytes (headerReceived sets it; a client's own copy is deleted
+// there, so only the proxy can set it). It never reaches the engine: the
+// request is refused before it is built.
+const overLimitHeader = "X-Anvilproxy-Body-Over-Limit"
+
+// headerReceived runs once the request's header is read, before fasthttp
+// pre-reads up to 8 KiB of the body (which, from a client that sends less,
+// waits for the whole --read-timeout). A declared Content-Length over the
+// limit is marked and the body declared empty, so that the handler runs at
+// once and refuses it with 413 and the lingering close, which drains what
+// the client sends.
+func (p *Proxy) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	h.Del(overLimitHeader)
+	if h.ContentLength() > p.cfg.MaxBodyBytes {
+		h.Set(overLimitHeader, "1")
+		h.SetContentLength(0)
+	}
+	return fasthttp.RequestConfig{}
+}
+
+// connState is the server's connection-state hook: it tells the guarded
+// listener which connections wait for a request (new, or idle between
+// keep-alive requests: the first to close when a new client needs room)
+// and finishes a hijack fasthttp dropped.
+func (p *Proxy) connState(c net.Conn, s fasthttp.ConnState) {
+	MarkIdle(c, s == fasthttp.StateNew || s == fasthttp.StateIdle)
+	if s == fasthttp.StateClosed {
+		p.abandonHijack(c)
+	}
+}
+
+func bodyOverLimit(h *fasthttp.RequestHeader) bool { return len(h.Peek(overLimitHeader)) > 0 }
+
+// knownVersion reports a request line's HTTP version the proxy speaks:
+// HTTP/1.0 or HTTP/1.1. Any other (HTTP/2.0 as a text request line,
+// HTTP/1.9) is answered 505 (RFC 9110 §15.6.6), never forwarded as it came.
+func knownVersion(proto []byte) bool {
+	return string(proto) == "HTTP/1.1" || string(proto) == "HTTP/1.0"
+}
+
+// begin takes a relay for a request received at recv and counts it in
+// flight: the handler and the early refusals start so.
+func (p *Proxy) begin(ctx *fasthttp.RequestCtx, recv time.Time) *relay {
+	r := p.relays.Get().(*relay)
+	r.tr.ID = p.nextID.Add(1)
+	r.tr.Recv = recv
+	r.tr.Route = routeOf(ctx.URI().PathOriginal())
+	r.tr.Path = pathOf(ctx.URI().PathOriginal())
+	r.tr.Method = methodOf(ctx.Method())
+	p.inflight.Add(1)
+	r.counted = true
+	return r
 }
 
 // Handle serves one request: read it, forward it, hand the response body to
 // a relay. It is the story of the package; the relay takes over once the
 // upstream headers are in.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
-	r := p.relays.Get().(*relay)
+	r := p.begin(ctx, ctx.Time())
 	r.takeBuf()
 	tr := &r.tr
-	tr.ID = p.nextID.Add(1)
-	tr.Recv = ctx.Time()
-	tr.Route = routeOf(ctx.URI().PathOriginal())
-	tr.Path = pathOf(ctx.URI().PathOriginal())
-	tr.Method = methodOf(ctx.Method())
-	p.inflight.Add(1)
-	r.counted = true
 	defer p.recoverHandle(ctx, r)
 
+	if !knownVersion(ctx.Request.Header.Protocol()) {
+		p.refuse(ctx, r, refuseVersion)
+		return
+	}
 	if badFraming(&ctx.Request.Header) {
 		p.refuse(ctx, r, refuseFraming)
 		return
@@ -422,7 +483,11 @@ func (p *Proxy) refuse(ctx *fasthttp.RequestCtx, r *relay, why refusal) {
 
 // answerError sends a proxy-made error response and ends the request.
 func (p *Proxy) answerError(ctx *fasthttp.RequestCtx, r *relay, status int) {
-	writeError(ctx, status, r.tr.ErrKind, p.up.Host)
+	host := ""
+	if r.tr.ErrSide == SideUpstream {
+		host = p.up.Host
+	}
+	writeError(ctx, status, r.tr.ErrKind, host)
 	r.tr.Status = status
 	r.atEOF = true
 	p.finishHandler(r)

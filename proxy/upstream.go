@@ -322,6 +322,7 @@ type Stats struct {
 	redials      [numRedials]atomic.Uint64
 	AcceptErrors atomic.Uint64 // accept failures on the data listener (EMFILE, ENFILE, ENOBUFS, …)
 	ConnsRefused atomic.Uint64 // client connections over --max-conns, answered 503 and closed
+	IdleClosed   atomic.Uint64 // idle keep-alive client connections closed to make room under --max-conns
 }
 
 func (s *Stats) redial(r Redial) { s.redials[r].Add(1) }

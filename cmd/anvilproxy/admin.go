@@ -92,6 +92,11 @@ func startAdmin(addr string, h http.Handler, log *zap.Logger) (bound string, sto
 		WriteTimeout:      adminWriteTimeout,
 		IdleTimeout:       adminIdleTimeout,
 		ErrorLog:          zap.NewStdLog(log.Named("admin")),
+		// At the bound, a connection waiting for a request is closed to make
+		// room (GuardListener): idle clients cannot lock the probes out.
+		ConnState: func(c net.Conn, s http.ConnState) {
+			proxy.MarkIdle(c, s == http.StateNew || s == http.StateIdle)
+		},
 	}
 	go func() {
 		if err := hs.Serve(proxy.GuardListener(ln, maxAdminConns, &adminStats, log)); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -83,3 +83,76 @@ func TestLargeBodiesMemory(t *testing.T) {
 	require.Equal(t, []int{200, 200, 200, 200, 200, 200, 200, 200}, codes)
 	require.LessOrEqual(t, peak, int64(800<<20))
 }
+
+// TestBodyBudgetBoundsMemory (L5b): sixteen 64 MB prompts at once, inside
+// the default --max-inflight-body-bytes (1 GiB), keep the proxy's peak
+// resident memory within 1.25 × the budget + 150 MiB, with a declared
+// Content-Length and chunked. They peaked at 1,235 MiB and 2,071 MiB: the
+// chunked body grew by appends in fasthttp's pooled buffer, and the garbage
+// of every growth waited for a GC paced to twice the live heap.
+func TestBodyBudgetBoundsMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 2 GB through loopback")
+	}
+	if _, err := os.Stat("/proc/self/status"); err != nil {
+		t.Skip("needs /proc")
+	}
+	const n = 16
+	msg := `{"role":"user","content":"` + strings.Repeat("a", 1<<20) + `"},`
+	body := []byte(`{"model":"m","messages":[` + strings.TrimSuffix(strings.Repeat(msg, 61), ",") + `]}`)
+	require.Less(t, len(body), int(64e6))
+	const budget = 1 << 30
+	for _, chunked := range []bool{false, true} {
+		t.Run(map[bool]string{false: "content-length", true: "chunked"}[chunked], func(t *testing.T) {
+			var arrived atomic.Int32
+			all := make(chan struct{})
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPost {
+					return // the start probe
+				}
+				io.Copy(io.Discard, r.Body)
+				if arrived.Add(1) == n {
+					close(all)
+				}
+				select {
+				case <-all:
+				case <-time.After(time.Minute):
+				}
+				io.WriteString(w, `{"choices":[]}`)
+			}))
+			t.Cleanup(up.Close)
+			s := startProc(t, up.URL)
+			var wg sync.WaitGroup
+			codes := make([]int, n)
+			for i := range codes {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var rd io.Reader = bytes.NewReader(body)
+					if chunked {
+						rd = io.MultiReader(rd) // no length: sent chunked
+					}
+					resp, err := http.Post(s.proxyURL+"/v1/chat/completions", "application/json", rd)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					codes[i] = resp.StatusCode
+				}()
+			}
+			wg.Wait()
+			peak := peakRSS(t, s.cmd.Process.Pid)
+			t.Logf("%d × %d MB bodies: peak RSS %d MiB (bound %d MiB)", n, len(body)/1e6, peak>>20, (budget*5/4+150<<20)>>20)
+			ok := 0
+			for _, c := range codes {
+				if c == 200 {
+					ok++
+				}
+			}
+			require.Equal(t, n, ok, "codes %v", codes)
+			require.Equal(t, n, int(arrived.Load()))
+			require.LessOrEqual(t, peak, int64(budget*5/4+150<<20))
+		})
+	}
+}

@@ -26,5 +26,9 @@ func registerProxyStats(reg prometheus.Registerer, st *proxy.Stats) {
 			Name: "anvilproxy_conns_refused_total",
 			Help: "Client connections over --max-conns, answered 503 and closed.",
 		}, func() float64 { return float64(st.ConnsRefused.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "anvilproxy_conns_idle_closed_total",
+			Help: "Client connections waiting for a request (new or idle keep-alive), closed to make room for a new one at --max-conns.",
+		}, func() float64 { return float64(st.IdleClosed.Load()) }),
 	)
 }

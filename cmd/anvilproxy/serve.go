@@ -199,6 +199,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 	}()
 	cfg := f.cfg
 	cfg.Upstream = f.upstream
+	setMemoryLimit(cfg, log)
 	if f.models != "" {
 		cfg.Models = strings.Split(f.models, ",")
 	}
@@ -324,7 +325,13 @@ func serveUntilSignal(p *proxy.Proxy, ln net.Listener, grace time.Duration, log 
 		_ = log.Sync()
 		os.Exit(1)
 	}()
-	err := p.Shutdown(ctx, srv) // fasthttp's, then the streams the event loop holds
+	p.Drain() // a stream the event loop ends from now on closes its client connection
+	err := srv.ShutdownWithContext(ctx)
+	if err == nil {
+		// fasthttp stops counting a connection once it is hijacked: the
+		// tunnels and HTTP/1.0 streams are waited for here, within the grace.
+		err = waitDrained(ctx, p)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		abortInflight(p, log)
 		return nil
@@ -359,6 +366,21 @@ func secondSignal(sigc <-chan os.Signal, first time.Time, echoEnd <-chan time.Ti
 		<-sigc
 		return
 	}
+}
+
+// waitDrained waits until every request in flight has recorded its Trace,
+// or ctx ends.
+func waitDrained(ctx context.Context, p *proxy.Proxy) error {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for p.Inflight() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
 }
 
 // abortDrain bounds the wait, after Abort, for the cut requests to record

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -153,4 +155,91 @@ func TestIdleKeepAliveDoesNotBlockShutdown(t *testing.T) {
 	signalled := s.signal(t)
 	require.Equal(t, 0, s.wait(t, 3*time.Second))
 	require.Less(t, s.exitedAt.Sub(signalled), time.Second, "an idle connection held the shutdown")
+}
+
+// hijackUpstream streams SSE events every 50 ms for 10 s to a POST, and
+// answers an upgrade with a 101 and a silent tunnel held until the proxy
+// closes it.
+func hijackUpstream(t *testing.T) string {
+	t.Helper()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "" {
+			c, brw, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			io.Copy(io.Discard, brw)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 200 && r.Context().Err() == nil; i++ {
+			io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n")
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+// TestShutdownWaitsForHijacked (G4): fasthttp stops counting a connection
+// once it is hijacked, so with only HTTP/1.0 streams and WebSocket tunnels
+// live the process exited at once on SIGTERM, cut them, logged nothing and
+// wrote no snapshot with them. Now it waits for them within the grace and
+// then cuts them with a stream's accounting: each logged as a shutdown,
+// counted in the final snapshot, and the cut logged.
+func TestShutdownWaitsForHijacked(t *testing.T) {
+	s := startProc(t, hijackUpstream(t), "--shutdown-grace", "1s")
+	addr := strings.TrimPrefix(s.proxyURL, "http://")
+	var readers []*bufio.Reader
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		body := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+		_, err = io.WriteString(c, "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+		require.NoError(t, err)
+		br := bufio.NewReader(c)
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		require.Contains(t, line, " 200 ")
+		readers = append(readers, br)
+	}
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		_, err = io.WriteString(c, "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: k\r\nSec-WebSocket-Version: 13\r\n\r\n")
+		require.NoError(t, err)
+		br := bufio.NewReader(c)
+		line, err := br.ReadString('\n')
+		require.NoError(t, err)
+		require.Contains(t, line, " 101 ")
+		readers = append(readers, br)
+	}
+	signalled := s.signal(t)
+	s.wait(t, 5*time.Second)
+	took := s.exitedAt.Sub(signalled)
+	t.Logf("exited %v after SIGTERM", took.Round(time.Millisecond))
+	require.Greater(t, took, 900*time.Millisecond, "the hijacked connections got no grace")
+	for i, br := range readers {
+		_, err := io.Copy(io.Discard, br)
+		require.NoError(t, err, "connection %d was not closed", i)
+	}
+	log := s.stderr.String()
+	require.Contains(t, log, "shutdown grace expired")
+	require.Contains(t, log, `"cut":4`)
+	require.Equal(t, 4, strings.Count(log, `"error":"shutdown"`), "one log line per cut request:\n%s", log)
+	files := s.snapshots(t)
+	require.Len(t, files, 1, "the final snapshot is written")
+	for _, b := range files {
+		// The snapshot holds the inference requests: the two streams (the
+		// tunnels are in the log and in anvilproxy_requests_total).
+		var doc struct{ Requests, Failed int }
+		require.NoError(t, json.Unmarshal(b, &doc))
+		require.Equal(t, 2, doc.Requests)
+		require.Equal(t, 2, doc.Failed)
+	}
 }

@@ -8,20 +8,19 @@ import (
 
 // Engine is the real engine the simulator behaves like: it chooses the
 // defaults of the scheduling, response-head, release, cache and reporting
-// knobs left at their zero value (/work/shared/research/real-engines.md,
-// "Where a request's time goes inside the engine"; docs/engines.md).
+// knobs left at their zero value (docs/engines.md: each engine's behaviour
+// and its sources).
 //
-//	knob      vllm (zero value)  llamacpp          ollama
-//	Cache     shared blocks      per slot          per slot
-//	Release   last token         stream end        stream end
-//	Head      admission          slot start        first output
-//	Head      admission          slot start        first output
-//	Timings   none               llamacpp          none
-//	Abandon   stop               batch (2,048)     whole prompt
-//	SwitchCost no RAM cache      15 ms             no RAM cache
-//	ContextSlowdown 0            0.1 per 1k        0.1 per 1k
-//	Metrics   vllm:…             llamacpp:…        none (404)
-//	cached    reported           reported          never reported
+//	knob             vllm (zero value)  llamacpp           ollama
+//	Cache            shared blocks      per slot           per slot
+//	Release          last token         stream end         stream end
+//	Head             admission          slot start         first output
+//	Timings          none               llamacpp           none
+//	Abandon          stop               batch (2,048)      whole prompt
+//	SwitchCost       no RAM cache       15 ms              no RAM cache
+//	ContextSlowdown  none               0.1 per 1k         0.1 per 1k
+//	Metrics          vllm:…             llamacpp:…         none (404)
+//	cached tokens    reported           reported           never reported
 type Engine int
 
 const (

@@ -20,9 +20,8 @@
 // Engine personas (Config.Engine; persona.go): the zero value behaves as
 // vLLM; EngineLlamaCpp and EngineOllama behave as llama.cpp's llama-server
 // and ollama where their scheduling and reporting differ (measured against
-// both, /work/shared/research/real-engines.md "Where a request's time goes
-// inside the engine"). Each difference is a knob of its own, which the
-// persona only defaults.
+// both and read in their sources; docs/engines.md has the table per engine).
+// Each difference is a knob of its own, which the persona only defaults.
 //
 // Timing model, per request:
 //
@@ -108,9 +107,9 @@
 // The engine records the truth of every request it admitted — its true
 // queue wait, the slot it held, the work before its prefill, prefill
 // time, the cached tokens it used, when its head left, its last token, the
-// instant its slot was let go and how long an abandoned prefill ran on — for in-process
-// tests to compare with what a proxy inferred (Server.Truth); none of it is
-// sent to the client.
+// instant its slot was let go and how long an abandoned prefill ran on —
+// for in-process tests to compare with what a proxy inferred
+// (Server.Truth); none of it is sent to the client.
 //
 // llama.cpp's native POST /completion (alias /completions) takes "prompt",
 // "n_predict" and "stream" and answers as llama-server does: a stream of

@@ -1,0 +1,371 @@
+package proxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+)
+
+// The tests of this file are hostile clients and engines against the
+// client side of the proxy (RELIABILITY.md §6.3 and §6.4, issue 24):
+// tunnels that end or idle, a hijack fasthttp drops, requests the proxy
+// must refuse on their head alone.
+
+// guardedEnv is a proxy served through its guarded listener, with its
+// Trace log.
+type guardedEnv struct {
+	addr string
+	p    *Proxy
+	log  *traceLog
+	ln   *guardedListener
+}
+
+func startGuarded(t *testing.T, cfg Config) *guardedEnv {
+	t.Helper()
+	log := newTraceLog()
+	p, err := New(cfg, zap.NewNop(), log)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	gl := p.Listener(ln).(*guardedListener)
+	srv := p.Server()
+	go srv.Serve(gl) //nolint:errcheck // ends at Shutdown
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return &guardedEnv{addr: ln.Addr().String(), p: p, log: log, ln: gl}
+}
+
+// openConns is how many client connections the guarded listener counts.
+func (e *guardedEnv) openConns(t *testing.T) int64 {
+	t.Helper()
+	return e.ln.open.Load()
+}
+
+// requireReleased waits until the proxy holds nothing for any request: no
+// request in flight or upstream, no upstream connection or pool token, no
+// hijacked connection, no client connection slot.
+func (e *guardedEnv) requireReleased(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return e.p.Inflight() == 0 && e.p.upstream.Load() == 0 && upstreamConns(e.p) == 0 &&
+			len(e.p.pool.sem) == 0 && e.p.Hijacked() == 0 && e.openConns(t) == 0
+	}, 5*time.Second, 10*time.Millisecond, "inflight %d, upstream %d, upstream conns %d, tokens %d, hijacked %d, client conns %d",
+		e.p.Inflight(), e.p.upstream.Load(), upstreamConns(e.p), len(e.p.pool.sem), e.p.Hijacked(), e.openConns(t))
+}
+
+const wsRequest = "GET /v1/realtime HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: k\r\nSec-WebSocket-Version: 13\r\n\r\n"
+
+const switching = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+// upgradeUpstream answers an upgrade with a 101 and then runs tunnel on
+// the connection; any other request gets a small 200.
+func upgradeUpstream(t *testing.T, tunnel func(c net.Conn, br *bufio.Reader)) *rawUpstream {
+	return startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+		for {
+			req, _, err := u.readRequest(br)
+			if err != nil {
+				return
+			}
+			if req.Header.Get("Upgrade") == "" {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				continue
+			}
+			io.WriteString(c, switching)
+			tunnel(c, br)
+			return
+		}
+	})
+}
+
+// dialTunnel opens a WebSocket tunnel through the proxy at addr.
+func dialTunnel(t *testing.T, addr string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	br, c := rawDial(t, "http://"+addr, wsRequest)
+	line, _ := readHead(t, br)
+	require.Equal(t, "HTTP/1.1 101 Switching Protocols", line)
+	return c, br
+}
+
+// TestTunnelEngineCloseReachesClient (U5b): when the engine ends a tunnel
+// the client reads EOF (the proxy half-closes its side), and once the
+// client closes too the tunnel releases everything it held: its
+// goroutines, its --max-conns slot, the pool token, the in-flight counts;
+// its Trace is recorded. The client side was never closed: fasthttp's
+// hijacked connection ignores Close.
+func TestTunnelEngineCloseReachesClient(t *testing.T) {
+	up := upgradeUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		io.WriteString(c, "bye")
+		c.(*net.TCPConn).CloseWrite()
+		io.Copy(io.Discard, br) // until the proxy closes its side
+	})
+	e := startGuarded(t, Config{Upstream: up.URL(), MaxClientConns: 10, MaxUpstreamConns: 1})
+	c, br := dialTunnel(t, e.addr)
+	got, err := io.ReadAll(br)
+	require.NoError(t, err, "the client never read the end of the tunnel")
+	require.Equal(t, "bye", string(got))
+	// Half-closed: the client can still send its last bytes.
+	_, err = io.WriteString(c, "last")
+	require.NoError(t, err)
+	c.Close()
+	tr := e.log.next(t)
+	require.True(t, tr.Upgraded)
+	require.Equal(t, ErrNone, tr.ErrKind)
+	require.Equal(t, int64(3), tr.TunnelDown)
+	e.requireReleased(t)
+
+	// The pool token came back: another request is served at once.
+	resp, err := http.Get("http://" + e.addr + "/v1/models")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+}
+
+// TestTunnelEngineResetClosesClient (U5b): an engine that resets a tunnel
+// ends it at once on both sides (the client's socket is closed under
+// fasthttp's wrapper, whose Close does nothing), not at the idle timeout
+// (10 min here), and the tunnel is recorded upstream_broken.
+func TestTunnelEngineResetClosesClient(t *testing.T) {
+	up := upgradeUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		buf := make([]byte, 5)
+		io.ReadFull(br, buf)
+		reset(c)
+	})
+	e := startGuarded(t, Config{Upstream: up.URL(), MaxClientConns: 10})
+	c, br := dialTunnel(t, e.addr)
+	io.WriteString(c, "hello")
+	start := time.Now()
+	_, _ = io.ReadAll(br) // EOF or a reset: either way, closed
+	require.Less(t, time.Since(start), 3*time.Second)
+	tr := e.log.next(t)
+	require.Equal(t, ErrUpstreamBroken, tr.ErrKind)
+	e.requireReleased(t)
+}
+
+// TestTunnelHalfClose (U5b): a client that half-closes after its last
+// message still gets the engine's answer to it, as through Go's
+// ReverseProxy, which half-closes (CloseWrite) the other side at the first
+// EOF instead of closing both.
+func TestTunnelHalfClose(t *testing.T) {
+	up := upgradeUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		got, _ := io.ReadAll(br) // the client's bytes, to its EOF
+		io.WriteString(c, "got "+string(got))
+	})
+	e := startGuarded(t, Config{Upstream: up.URL(), MaxClientConns: 10})
+	c, br := dialTunnel(t, e.addr)
+	io.WriteString(c, "question")
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	got, err := io.ReadAll(br)
+	require.NoError(t, err)
+	require.Equal(t, "got question", string(got))
+	tr := e.log.next(t)
+	require.Equal(t, ErrNone, tr.ErrKind)
+	require.Equal(t, int64(len("question")), tr.TunnelUp)
+	c.Close()
+	e.requireReleased(t)
+}
+
+// TestTunnelIdleTimeout (U5b): a tunnel silent both ways is closed on both
+// sides at --upstream-read-timeout (no sooner, within its slack and a
+// loaded machine's margin), recorded as upstream_timeout, and releases
+// what it held. It used to be held for ever.
+func TestTunnelIdleTimeout(t *testing.T) {
+	engineDone := make(chan struct{})
+	up := upgradeUpstream(t, func(c net.Conn, br *bufio.Reader) {
+		io.Copy(io.Discard, br)
+		close(engineDone)
+	})
+	const idle = 300 * time.Millisecond
+	e := startGuarded(t, Config{Upstream: up.URL(), MaxClientConns: 10, UpstreamReadTimeout: idle})
+	c, br := dialTunnel(t, e.addr)
+	start := time.Now()
+	_, err := io.ReadAll(br)
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, took, idle-20*time.Millisecond, "closed before the idle timeout")
+	require.Less(t, took, 3*time.Second)
+	select {
+	case <-engineDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine side of an idle tunnel was never closed")
+	}
+	tr := e.log.next(t)
+	require.Equal(t, ErrUpstreamTimeout, tr.ErrKind)
+	c.Close()
+	e.requireReleased(t)
+}
+
+// TestTunnelTrafficRenewsIdle (U5b): traffic either way keeps a tunnel
+// open past --upstream-read-timeout: messages every 50 ms for 1.2 s with a
+// 300 ms idle timeout, echoed, and then sent one way only (the engine
+// answers nothing). Writes to the engine bypassed the deadline renewal, so
+// the tunnel died at about 353 ms (and every WebSocket 10 min after its
+// upgrade with the defaults).
+func TestTunnelTrafficRenewsIdle(t *testing.T) {
+	for _, echo := range []bool{true, false} {
+		t.Run("echo="+strconv.FormatBool(echo), func(t *testing.T) {
+			up := upgradeUpstream(t, func(c net.Conn, br *bufio.Reader) {
+				buf := make([]byte, 256)
+				for {
+					n, err := br.Read(buf)
+					if err != nil {
+						return
+					}
+					if echo {
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+				}
+			})
+			const idle = 300 * time.Millisecond
+			e := startGuarded(t, Config{Upstream: up.URL(), MaxClientConns: 10, UpstreamReadTimeout: idle})
+			c, br := dialTunnel(t, e.addr)
+			deadline := time.Now().Add(1200 * time.Millisecond)
+			for i := 0; time.Now().Before(deadline); i++ {
+				msg := "m" + strconv.Itoa(i%10)
+				_, err := io.WriteString(c, msg)
+				require.NoError(t, err, "message %d", i)
+				if echo {
+					buf := make([]byte, len(msg))
+					_, err = io.ReadFull(br, buf)
+					require.NoError(t, err, "message %d", i)
+					require.Equal(t, msg, string(buf))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			if !echo {
+				// Still open: a last message goes through and the tunnel then
+				// idles out, never sooner.
+				_, err := io.WriteString(c, "x")
+				require.NoError(t, err)
+				select {
+				case <-e.log.done:
+					t.Fatal("the tunnel ended while one direction carried messages")
+				default:
+				}
+			}
+			c.Close()
+			tr := e.log.next(t)
+			require.Equal(t, ErrNone, tr.ErrKind)
+			require.True(t, tr.Upgraded)
+			e.requireReleased(t)
+		})
+	}
+}
+
+// TestPipelinedUpgradeResetReleases (U5c): a client that pipelines a
+// request and then an upgrade, and resets the connection, makes fasthttp's
+// flush of the first response fail before the hijack starts: neither the
+// tunnel nor anything else ran, and the request held its in-flight count,
+// its upstream connection and its pool token for ever, with no Trace.
+// Twenty tries leave nothing held and two Traces each.
+func TestPipelinedUpgradeResetReleases(t *testing.T) {
+	up := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+		for {
+			req, _, err := u.readRequest(br)
+			if err != nil {
+				return
+			}
+			if req.Header.Get("Upgrade") == "" {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				continue
+			}
+			// The client's reset is in before the 101, which comes before
+			// the client watch starts looking (watchDelay): only the flush
+			// before the hijack sees the reset.
+			time.Sleep(10 * time.Millisecond) // half of watchDelay (Linux)
+			io.WriteString(c, switching)
+			io.Copy(io.Discard, br)
+			return
+		}
+	})
+	e := startGuarded(t, Config{Upstream: up.URL(), MaxClientConns: 100, MaxUpstreamConns: 4})
+	const tries = 20
+	for range tries {
+		c, err := net.Dial("tcp", e.addr)
+		require.NoError(t, err)
+		_, err = io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"+wsRequest)
+		require.NoError(t, err)
+		time.Sleep(5 * time.Millisecond)
+		reset(c)
+	}
+	seen := 0
+	for seen < tries {
+		tr := e.log.next(t)
+		if tr.Upgraded || tr.Status == 101 || tr.ErrKind == ErrClientGone {
+			seen++
+		}
+	}
+	e.requireReleased(t)
+	resp, err := http.Get("http://" + e.addr + "/v1/models")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, 200, resp.StatusCode)
+}
+
+// TestDeclaredBodyOverLimitRefusedAtOnce (L2b): a declared Content-Length
+// over --max-body-bytes gets 413 on its head, with less than fasthttp's
+// 8 KiB pre-read of body sent (it got 408 after the whole read timeout),
+// and a chunked body over the limit gets the same answer: one JSON error
+// naming no upstream (the engine was never involved), recorded like any
+// refusal. An Expect: 100-continue client gets that body too, instead of
+// an empty 413. The engine sees none of them.
+func TestDeclaredBodyOverLimitRefusedAtOnce(t *testing.T) {
+	var hits atomic.Int32
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
+	log := newTraceLog()
+	base, _ := startProxy(t, Config{Upstream: up.URL, MaxBodyBytes: 1 << 20, ReadTimeout: 30 * time.Second}, log)
+	host := strings.TrimPrefix(up.URL, "http://")
+	for _, tt := range []struct{ name, raw string }{
+		{"declared", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 67108864\r\n\r\n" + strings.Repeat("a", 100)},
+		{"chunked", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			strings.Repeat("10000\r\n"+strings.Repeat("a", 0x10000)+"\r\n", 17)},
+		{"expect", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 67108864\r\n\r\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			br, _ := rawDial(t, base, tt.raw)
+			resp, err := http.ReadResponse(br, nil)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+			require.Less(t, time.Since(start), 3*time.Second, "the 413 waited for the body")
+			require.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			require.JSONEq(t, `{"error":{"message":"anvilproxy: request body too large","type":"body_too_large","code":413}}`, string(body))
+			require.NotContains(t, string(body), host)
+			tr := log.next(t)
+			require.Equal(t, ErrBodyTooLarge, tr.ErrKind)
+			require.Equal(t, 413, tr.Status)
+		})
+	}
+	require.Zero(t, hits.Load(), "a body over the limit reached the engine")
+}
+
+// TestUnknownHTTPVersionIs505 (S10): a request line naming HTTP/2.0 (a
+// text request line, not the h2 preface) or HTTP/1.9 is answered 505 and
+// the connection closed; the engine sees nothing. fasthttp forwarded them
+// as they came.
+func TestUnknownHTTPVersionIs505(t *testing.T) {
+	var hits atomic.Int32
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
+	log := newTraceLog()
+	base, _ := startProxy(t, Config{Upstream: up.URL}, log)
+	for _, v := range []string{"HTTP/2.0", "HTTP/1.9", "HTTP/1.2"} {
+		br, _ := rawDial(t, base, "GET /v1/models "+v+"\r\nHost: x\r\n\r\n")
+		line, err := br.ReadString('\n')
+		require.NoError(t, err, v)
+		require.True(t, strings.HasPrefix(line, "HTTP/1.1 505 "), "%s: %q", v, line)
+		tr := log.next(t)
+		require.Equal(t, 505, tr.Status)
+		require.Equal(t, ErrBadRequest, tr.ErrKind)
+	}
+	require.Zero(t, hits.Load(), "an unknown HTTP version was forwarded")
+}
