@@ -466,9 +466,10 @@ func (s *loopStream) readUp(b []byte) (int, error) {
 }
 
 // writeClient writes b to the client socket until it is all out or the
-// socket is full (EAGAIN); n is never negative. A short write is retried:
-// only a write that ends in EAGAIN is sure to be followed by an EPOLLOUT
-// edge (measured: a lone short write was not, and the stream stalled).
+// socket is full (EAGAIN); n is never negative. A short write is retried,
+// as nginx does: the kernel promises an EPOLLOUT edge after EAGAIN
+// (sk_stream_wait_memory sets SOCK_NOSPACE then), which is what a parked
+// stream waits for.
 func (s *loopStream) writeClient(b []byte) (int, error) {
 	total := 0
 	for total < len(b) {

@@ -205,12 +205,11 @@ func (l *floorLoop) pump(src *floorConn) {
 			return
 		}
 		dst := src.peer
-		w, err := syscall.Write(dst.fd, l.buf[:n])
+		w, err := writeAll(dst.fd, l.buf[:n])
 		if err != nil && err != syscall.EAGAIN {
 			l.close(src)
 			return
 		}
-		w = max(w, 0)
 		if w < n {
 			dst.pending = append(dst.pending[:0], l.buf[w:n]...)
 			src.blocked = true
@@ -218,14 +217,31 @@ func (l *floorLoop) pump(src *floorConn) {
 	}
 }
 
+// writeAll writes b until it is out or the socket is full (EAGAIN), as
+// the proxy's loop does: the kernel promises an EPOLLOUT edge after EAGAIN.
+func writeAll(fd int, b []byte) (int, error) {
+	total := 0
+	for total < len(b) {
+		w, err := syscall.Write(fd, b[total:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return total, err
+		}
+		total += w
+	}
+	return total, nil
+}
+
 // flush writes c's parked bytes; once they are all out, c's peer reads again.
 func (l *floorLoop) flush(c *floorConn) {
-	w, err := syscall.Write(c.fd, c.pending)
+	w, err := writeAll(c.fd, c.pending)
 	if err != nil && err != syscall.EAGAIN {
 		l.close(c)
 		return
 	}
-	c.pending = c.pending[:copy(c.pending, c.pending[max(w, 0):])]
+	c.pending = c.pending[:copy(c.pending, c.pending[w:])]
 	if len(c.pending) == 0 {
 		c.peer.blocked = false
 		l.pump(c.peer)
