@@ -198,12 +198,14 @@ func (p *Proxy) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig
 // connState is the server's connection-state hook: it tells the guarded
 // listener which connections wait for a request (new, or idle between
 // keep-alive requests: the first to close when a new client needs room)
-// and finishes a hijack fasthttp dropped.
+// and finishes a hijack fasthttp dropped; the upstream pool closes the idle
+// connection bound to a client connection that closed.
 func (p *Proxy) connState(c net.Conn, s fasthttp.ConnState) {
 	MarkIdle(c, s == fasthttp.StateNew || s == fasthttp.StateIdle)
 	if s == fasthttp.StateClosed {
 		p.abandonHijack(c)
 	}
+	p.pool.clientGone(c, s) // an idle upstream connection dies with its client's
 }
 
 func bodyOverLimit(h *fasthttp.RequestHeader) bool { return len(h.Peek(overLimitHeader)) > 0 }
@@ -237,6 +239,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r.takeBuf()
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
+	flushEachResponse(ctx)
 
 	if !knownVersion(ctx.Request.Header.Protocol()) {
 		p.refuse(ctx, r, refuseVersion)
@@ -294,7 +297,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 
 	status := r.resp.StatusCode()
-	r.timing.QueueMs = headerQueueMs(&r.resp.Header)
+	if engineHeaders(&r.resp.Header, &r.timing, &r.usage) {
+		tr.UsageSeen = r.usage.PromptTokens >= 0 || r.usage.CompletionTokens >= 0
+	}
 	r.resp.Header.CopyTo(&ctx.Response.Header)
 	stripResponseHops(&ctx.Response.Header)
 	// Trailers come only after a chunked body, which goes to an HTTP/1.1
@@ -591,7 +596,7 @@ func (p *Proxy) readUsage(r *relay) {
 			tr.UsageSeen = true
 		}
 		if r.chunk.Flags&sse.FlagTiming != 0 {
-			mergeTiming(&r.timing, r.chunk.Timing)
+			r.timing.Merge(r.chunk.Timing)
 		}
 	}
 	tr.PromptTokens, tr.CompletionTokens = u.PromptTokens, u.CompletionTokens
@@ -602,15 +607,7 @@ func (p *Proxy) readUsage(r *relay) {
 		tr.CompletionTokens = -1
 	}
 	tr.CachedTokens, tr.ReasoningTokens = u.CachedTokens, u.ReasoningTokens
-	tr.ServerQueue = msDuration(r.timing.QueueMs)
-	tr.ServerPrefill = msDuration(r.timing.PrefillMs)
-}
-
-func msDuration(ms float64) time.Duration {
-	if ms < 0 {
-		return -1
-	}
-	return time.Duration(ms * float64(time.Millisecond))
+	readTiming(tr, &r.timing)
 }
 
 // reset prepares a relay for the next request, keeping its buffers.
@@ -623,7 +620,7 @@ func (r *relay) reset() {
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()
 	r.usage = sse.UnknownUsage()
-	r.timing = sse.Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1}
+	r.timing = sse.UnknownTiming()
 	r.capture = r.capture[:0]
 	if cap(r.capture) > 1<<20 {
 		r.capture = nil // do not pin a large body in the pool
@@ -634,4 +631,5 @@ func (r *relay) reset() {
 	r.left = nil
 	r.gone.Store(false)
 	r.tr = Trace{}
+	readTiming(&r.tr, &r.timing) // unknown until the engine says: -1, never 0
 }
