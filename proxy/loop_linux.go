@@ -431,7 +431,8 @@ func (s *loopStream) doWrite(fd uintptr) bool {
 }
 
 func (s *loopStream) doPeek(fd uintptr) bool {
-	s.peek = peekFD(int(fd))
+	var b [1]byte
+	s.peek, _ = peekFD(int(fd), b[:])
 	return true
 }
 
@@ -792,7 +793,11 @@ func (s *loopStream) finish(keep bool) {
 // from it (a pipelined request) in front: it reads them first. It hides
 // the socket (no SyscallConn), so later requests on it stay on the
 // goroutine relay and are not watched: the watch and the loop look at the
-// socket, which would not show the bytes held here.
+// socket, which would not show the bytes held here. To the pool it is a
+// new client connection (idle upstream connections are bound to the
+// client connection object): the one its first request left idle is not
+// reused, and goes at the idle timeout. Rare: only a client that pipelines
+// behind a stream gets one.
 type prefixConn struct {
 	net.Conn
 	prefix []byte
