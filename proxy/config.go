@@ -112,6 +112,10 @@ type Config struct {
 	// before prefix hashing, to ask "would it hit if this were fixed?".
 	VolatileFields   []string
 	VolatilePatterns []string
+	// EventLoop relays streamed responses on a few event loops instead of
+	// the connection's goroutine, on Linux (docs/design.md "The event-loop
+	// relay"); elsewhere it changes nothing.
+	EventLoop bool
 	// MaxCaptureBytes bounds how much of a non-stream JSON response is kept
 	// to read its usage. 0 means DefaultMaxCaptureBytes.
 	MaxCaptureBytes int

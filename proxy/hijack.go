@@ -270,6 +270,7 @@ func (p *Proxy) closeDelimited(ctx *fasthttp.RequestCtx, r *relay) {
 			_, err = r.WriteTo(cc)
 		}
 		_ = r.CloseWithError(err)
+		closeClient(cc) // the close delimits the body (and the server may keep hijacked connections: Config.EventLoop)
 	}, func() { _ = r.CloseWithError(errHijackLost) })
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"flag"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -9,7 +10,12 @@ import (
 // TestMain fails the package if a test leaves goroutines behind: every
 // relay, watcher and upstream client goroutine must have an owner that
 // stops it.
+//
+// -loop runs every test with Config.EventLoop on (go test ./proxy/ -loop).
 func TestMain(m *testing.M) {
+	loop := flag.Bool("loop", false, "run every test with Config.EventLoop on")
+	flag.Parse()
+	testEventLoop = *loop
 	goleak.VerifyTestMain(m,
 		// httptest servers' and net/http clients' idle keep-alive
 		// connections outlive a test by design.
@@ -24,5 +30,7 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
 		// The proxy's one client-watch goroutine (watch_linux.go).
 		goleak.IgnoreAnyFunction("github.com/anvilproxy/anvilproxy/proxy.(*watchHub).run"),
+		// The event loops (loop_linux.go), process-wide like the hub.
+		goleak.IgnoreAnyFunction("github.com/anvilproxy/anvilproxy/proxy.(*loop).run"),
 	)
 }

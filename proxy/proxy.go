@@ -52,12 +52,16 @@ type Proxy struct {
 	upstream  atomic.Int64 // requests admitted upstream and not finished
 	relays    sync.Pool
 	hj        hijacks
+
+	srv      atomic.Pointer[fasthttp.Server] // the last Server: the event loop hands connections back to it
+	draining atomic.Bool                     // Drain ran: a stream's end closes its client connection
 }
 
 // New validates cfg and returns a Proxy that reports to rec and logs one
 // line per request to log.
 func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	cfg.setDefaults()
+	cfg.EventLoop = cfg.EventLoop || testEventLoop
 	up, err := ParseUpstream(cfg.Upstream)
 	if err != nil {
 		return nil, err
@@ -113,6 +117,7 @@ func (p *Proxy) Stats() *Stats { return &p.stats }
 func (p *Proxy) Abort() {
 	p.aborting.Store(true)
 	p.pool.abortAll()
+	p.abortLoops()
 }
 
 // Inflight returns the number of requests being served: counted from
@@ -124,7 +129,7 @@ func (p *Proxy) Inflight() int64 { return p.inflight.Load() }
 // protection) and no WriteTimeout, since streams have per-write idle
 // deadlines instead.
 func (p *Proxy) Server() *fasthttp.Server {
-	return &fasthttp.Server{
+	srv := &fasthttp.Server{
 		Handler:        p.Handle,
 		ErrorHandler:   p.handleReadError,
 		ExpectHandler:  p.expect,
@@ -144,7 +149,13 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		Logger:                       serverLog{p.log},
+		// The event loop keeps a hijacked connection for its stream and
+		// gives it back to the server after (ServeConn); the tunnel and
+		// the HTTP/1.0 body close theirs themselves.
+		KeepHijackedConns: p.cfg.EventLoop,
 	}
+	p.srv.Store(srv)
+	return srv
 }
 
 // expect answers a client's Expect: 100-continue: 413 instead of 100 when
@@ -225,6 +236,7 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, recv time.Time) *relay {
 // upstream headers are in.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
+	r.takeBuf()
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
 	flushEachResponse(ctx)
@@ -326,6 +338,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	// body is already read from the engine: then head and body leave in
 	// one write, and nothing waits on the engine in between.
 	ctx.Response.ImmediateHeaderFlush = size < 0 || !r.bodyBuffered(size)
+	if size < 0 && p.toLoop(ctx, r) {
+		return // the event loop relays the body (loop_linux.go)
+	}
 	if size < 0 && !ctx.Request.Header.IsHTTP11() {
 		p.closeDelimited(ctx, r)
 		return

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unsafe"
 )
 
 // RunFloorRelay is the floor of a Go relay on this machine: a TCP relay
@@ -81,6 +83,9 @@ func newFloorLoop() (*floorLoop, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := syscall.SetNonblock(fd, true); err != nil {
+		return nil, err
+	}
 	return &floorLoop{epfd: fd, buf: make([]byte, 16<<10), conns: map[int]*floorConn{}}, nil
 }
 
@@ -144,12 +149,29 @@ func (l *floorLoop) lookup(fd int) *floorConn {
 	return l.conns[fd]
 }
 
+// run waits as the proxy's loops do (proxy/loop_linux.go): the epoll set
+// is registered with the runtime's netpoller and polled with a zero
+// timeout, so an idle loop is a parked goroutine, not a blocked thread.
 func (l *floorLoop) run() {
 	var evs [256]syscall.EpollEvent
+	f := os.NewFile(uintptr(l.epfd), "floor-loop")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	n := 0
+	wait := func(fd uintptr) bool {
+		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
+		n = int(r)
+		if errno != 0 {
+			n = 0
+		}
+		return n > 0
+	}
 	for {
-		n, err := syscall.EpollWait(l.epfd, evs[:], -1)
-		if err != nil {
-			continue // EINTR
+		n = 0
+		if rc.Read(wait) != nil {
+			return
 		}
 		for i := range evs[:n] {
 			c := l.lookup(int(evs[i].Fd))
@@ -183,12 +205,11 @@ func (l *floorLoop) pump(src *floorConn) {
 			return
 		}
 		dst := src.peer
-		w, err := syscall.Write(dst.fd, l.buf[:n])
+		w, err := writeAll(dst.fd, l.buf[:n])
 		if err != nil && err != syscall.EAGAIN {
 			l.close(src)
 			return
 		}
-		w = max(w, 0)
 		if w < n {
 			dst.pending = append(dst.pending[:0], l.buf[w:n]...)
 			src.blocked = true
@@ -196,14 +217,31 @@ func (l *floorLoop) pump(src *floorConn) {
 	}
 }
 
+// writeAll writes b until it is out or the socket is full (EAGAIN), as
+// the proxy's loop does: the kernel promises an EPOLLOUT edge after EAGAIN.
+func writeAll(fd int, b []byte) (int, error) {
+	total := 0
+	for total < len(b) {
+		w, err := syscall.Write(fd, b[total:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return total, err
+		}
+		total += w
+	}
+	return total, nil
+}
+
 // flush writes c's parked bytes; once they are all out, c's peer reads again.
 func (l *floorLoop) flush(c *floorConn) {
-	w, err := syscall.Write(c.fd, c.pending)
+	w, err := writeAll(c.fd, c.pending)
 	if err != nil && err != syscall.EAGAIN {
 		l.close(c)
 		return
 	}
-	c.pending = c.pending[:copy(c.pending, c.pending[max(w, 0):])]
+	c.pending = c.pending[:copy(c.pending, c.pending[w:])]
 	if len(c.pending) == 0 {
 		c.peer.blocked = false
 		l.pump(c.peer)

@@ -95,6 +95,10 @@ type result struct {
 	// work the engine finished anyway (Config.Abandon).
 	abandoned time.Duration
 	released  time.Time // the slot was let go; zero until then
+	// locked is set while its prefill holds the engine's lock
+	// (LockPrefill): from its slot start to its first token, or to the end
+	// of an abandoned prefill's run-on.
+	locked bool
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -188,6 +192,10 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	}
 	defer letGo()
 	res.admitted, res.slot = time.Now(), t.slot
+	s.mu.Lock()
+	res.locked, t.locked = t.locked, false // the lock passes to its prefill
+	s.mu.Unlock()
+	defer s.unlockPrefill(res) // a request that fails before its prefill gives it back
 	res.queue = res.admitted.Sub(j.arrived)
 	if s.cfg.Head == HeadSlotStart {
 		out.head(res)

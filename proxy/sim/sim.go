@@ -202,6 +202,19 @@ type Config struct {
 	// (vLLM), finish its BatchTokens batch (llama.cpp) or the whole prompt
 	// (ollama) before the slot is free. The zero value is the Engine's.
 	Abandon AbandonMode
+	// BatchLock is whether a slot can start while another request's
+	// prefill computes: LockNone (vLLM, llama.cpp), or LockPrefill
+	// (ollama's llamarunner holds its mutex for a prefill batch, and a
+	// request needs it to take its free slot). The zero value is the
+	// Engine's.
+	BatchLock LockMode
+	// ArrivalJitter makes requests that arrive within it of each other
+	// reach the FIFO queue in random order, as ollama's server handlers
+	// reach its semaphore (7 requests sent within 1 ms queued in an order
+	// unrelated to their sending): each request waits a random time below
+	// it (from Seed) before it is enqueued, counted as queue in its Truth.
+	// 0 means none.
+	ArrivalJitter time.Duration
 	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
 	// n_batch. 0 means 2048.
 	BatchTokens int
@@ -369,10 +382,14 @@ type Server struct {
 	attempts map[uint64]int
 	fail     *rand.Rand
 	trunc    *rand.Rand
-	stats    Stats
-	truths   *truths
-	counters engineCounters
-	kvUsed   int // KV tokens reserved by the requests holding slots
+	jitter   *rand.Rand // ArrivalJitter's draws
+	// prefilling counts the prefills holding the engine's lock
+	// (LockPrefill).
+	prefilling int
+	stats      Stats
+	truths     *truths
+	counters   engineCounters
+	kvUsed     int // KV tokens reserved by the requests holding slots
 
 	metrics http.Handler    // GET /metrics in Config.Metrics form
 	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
@@ -392,6 +409,7 @@ func New(cfg Config) (*Server, error) {
 		attempts: make(map[uint64]int),
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		trunc:    rand.New(rand.NewPCG(uint64(cfg.Seed), 0x7256)),
+		jitter:   rand.New(rand.NewPCG(uint64(cfg.Seed), 0x717e)),
 		truths:   newTruths(),
 		slots:    make([]slot, cfg.Slots),
 	}
