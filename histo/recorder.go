@@ -4,7 +4,8 @@
 // against configured SLOs.
 //
 // Inside: the Recorder (recorder.go); the phase table, the one place each
-// phase's names, unit, metric and keys are declared (phases.go); HDR pairs
+// phase's names, unit, metric and keys are declared, with its definitions
+// (evalPhases) that Record evaluates once per request (phases.go); HDR pairs
 // (hdr.go); Prometheus collectors (metrics.go, labeled.go); windows
 // (window.go) and their per-concern tallies (tally.go: retry.go,
 // prefix.go, ledger.go, knee.go, conversations.go, cache.go); the
