@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -62,6 +63,18 @@ const (
 	prefillSlack = 1.5
 	slackTime    = 25 * time.Millisecond
 	tightGap     = 50 * time.Millisecond
+	// With a point estimate of its prefill (pointFits), a request waited
+	// for an end when the prefill from that end is within
+	// [pointLow, pointHigh] of it and the prefill from the predicted start
+	// at least pointApart times it, each ± pointSlack.
+	// pointLow is wide: before the cost model is ready the point is the
+	// fastest sample's per-token time, which a short prompt's fixed cost
+	// inflates. The prefill floor is pointFloor of the point (earliest).
+	pointLow   = 0.5
+	pointHigh  = 1.3
+	pointApart = 1.5
+	pointSlack = 5 * time.Millisecond
+	pointFloor = 0.6
 )
 
 // occEntry is one recorded request on the engine's timeline, in
@@ -71,7 +84,8 @@ type occEntry struct {
 	admit    int64 // passed the proxy's limiter (t_admit)
 	arrive   int64 // its upstream connection was ready (t_admit + connect): its place in the engine's queue
 	first    int64 // its first output (-1: none): it held a slot from then on
-	end      int64 // the engine let its slot go (t_last_token, else t_end, else t_client_done)
+	end      int64 // the engine let its slot go (t_end, else t_last_token, else t_client_done)
+	last     int64 // its last output (t_last_token, else end): it produced output until then
 	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
 }
 
@@ -88,6 +102,15 @@ type placement struct {
 	// engine in the other order), so it only ever argues against a hint.
 	streams, inEngine int
 	tight             bool // its first output came right after another's end
+	// unproven is set when the slot count in use is a hint the evidence
+	// has not reached yet (more than the most streams seen at once): a
+	// queue from it may be a prefill, so the cost model does not learn
+	// from it.
+	unproven bool
+	// inferred is set when the end it waited for was chosen by the cost
+	// model's estimate of its prefill (waitedFor): the cost model does not
+	// learn from it (its own estimate would come back).
+	inferred bool
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -124,18 +147,21 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	if tr.Sent.IsZero() || tr.Admit.IsZero() {
 		return occEntry{}, false // it never reached the engine
 	}
-	// The engine lets a slot go with the last token; the end of the
-	// stream ([DONE], usage) is written after, and a successor's first
-	// token can beat it to the proxy.
+	// The engine lets a slot go when the stream ends: ollama frees it one
+	// decode step after the last content token, with the final chunk
+	// (155–240 ms under host load, docs/queue-split.md), so t_end, not
+	// t_last_token, is the end a successor waited for. An engine that
+	// freed it at the last token is off by the usage and [DONE] writes:
+	// microseconds.
 	// The queue order is taken from t_admit + connect, not t_sent:
 	// t_sent is stamped after the write returns, so a reader descheduled
 	// there stamps it late although the engine already has the request
 	// (a later request then looks ahead of it); a stamp taken before the
 	// write can only be late if the write is late too.
 	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(tr.Admit.Add(tr.Connect)), first: o.rel(tr.FirstOutput),
-		end: o.rel(tr.LastToken), release: o.rel(tr.ClientDone)}
+		end: o.rel(tr.End), release: o.rel(tr.ClientDone)}
 	if e.end < 0 {
-		e.end = o.rel(tr.End)
+		e.end = o.rel(tr.LastToken)
 	}
 	if e.end < 0 {
 		e.end = e.release
@@ -143,14 +169,36 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	if e.release < 0 {
 		e.release = e.end
 	}
+	// Streams side by side are judged by their output (sweep): a stream's
+	// end stamp is later than its last token by the final chunk, and by
+	// the proxy's reader when it was descheduled there, which would make
+	// a slot handed over look like two.
+	if e.last = o.rel(tr.LastToken); e.last < 0 || e.last > e.end {
+		e.last = e.end
+	}
 	return e, e.end >= 0
 }
 
+// priors is what the split knows of a request before placing it.
+type priors struct {
+	est     time.Duration // its cold prefill estimate (an upper bound on its prefill), when haveEst
+	haveEst bool
+	// point, when positive, is what its prefill should take by the new
+	// tokens the evidence gives (reported cached, else the prefix reuse
+	// the proxy saw), and floor a lower bound on it (prefillPoint).
+	point, floor time.Duration
+	// abandoned, when positive, is how long the engine goes on
+	// prefilling it after its client left before the first output (the
+	// slot stays taken until then).
+	abandoned time.Duration
+	load      engineLoad // the engine's own counts at its arrival, when scraped
+}
+
 // place finds tr's queue from the requests ahead of it, learns from it,
-// and adds it to the timeline. est is tr's cold prefill estimate (ok
-// false when there is none). warn is set when the learned slot count
+// and adds it to the timeline. warn is set when the learned slot count
 // began to disagree with the hint.
-func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p placement, warn bool) {
+func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
+	est, haveEst, load, abandoned := pr.est, pr.haveEst, pr.load, pr.abandoned
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.set {
@@ -160,46 +208,185 @@ func (o *occupancy) place(tr *proxy.Trace, est time.Duration, haveEst bool) (p p
 	if !onTimeline {
 		return placement{}, false
 	}
-	defer o.push(e)
 	m, mAdmit, complete := o.scan(e)
-	if !complete || e.first < 0 {
-		return placement{ahead: m}, false
-	}
 	// Requests in flight at admission that are not recorded yet end after
 	// this one: they are ahead, and still there.
 	n := m + max(0, tr.InflightAtAdmit-mAdmit)
 	ends := o.ends[:m]
-	insertionSort(ends) // a handful, found newest first: nearly sorted descending
+	if !complete || e.first < 0 {
+		if complete && abandoned > 0 {
+			sortEnds(ends)
+			e.end = max(e.end, o.abandonedEnd(e, ends, n, abandoned))
+		}
+		o.push(e)
+		return placement{ahead: m}, false
+	}
+	sortEnds(ends)
+	defer o.push(e)
 	c := 0
 	for c < m && ends[c] < e.first+int64(endTolerance) {
 		c++
 	}
-	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: o.sweep(e)}
-	if c > 0 {
-		p.tight = tight(ends[c-1]-e.arrive, e.first-ends[c-1], e.first-e.arrive, est, haveEst)
+	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: max(o.sweep(e), load.running)}
+	// The evidence is judged against the hint when there is one (it is
+	// what may be wrong), else against the count in use.
+	hint := o.slots.hint
+	if hint == 0 {
+		hint = o.slots.effective()
+	}
+	j, byPoint := waitedFor(e, ends[:c], n, max(hint, p.streams), est, haveEst, pr.point)
+	p.inferred = byPoint
+	if p.tight = j >= 0; p.tight {
+		p.inEngine = n - j // it took the slot ends[j] freed: all of them were busy
 	}
 	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
 		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
 	}
 	s := o.slots.effective()
-	if p.tight && p.inEngine < s && o.slots.state == SlotsHint {
-		// It waited for the c-th end with fewer in the engine than the
-		// hint allows: its own evidence against the hint, before the hint
-		// is set aside. A learned count is never lowered so: it is what
-		// ran at once.
+	waited := p.tight && p.inEngine < s && o.slots.state == SlotsHint
+	if waited {
+		// It waited for an end earlier slots than the hint allows would
+		// not have made it wait for: its own evidence against the hint,
+		// before the hint is set aside. A learned count is never lowered
+		// so: it is what ran at once.
 		s = max(p.inEngine, o.slots.learned())
 	}
 	s = max(s, p.streams) // it ran beside streams−1 others: the engine has at least that many slots
+	p.unproven = s > max(o.slots.learned(), p.streams)
 
 	// With s slots it began when the (n−s+1)-th request ahead ended; if
 	// fewer than that ended before its first output, fewer were ahead
 	// than counted, and the latest end before it is the one it waited for.
 	if n >= s && c > 0 {
-		k := min(n-s, c-1)
-		start := tr.Admit.Add(tr.Connect)
-		p.queue = max(0, time.Duration(ends[k]-o.rel(start)))
+		floor := max(pr.floor, time.Duration(pointFloor*float64(pr.point))-pointSlack)
+		if waited {
+			floor = 0 // the end it waited for was chosen by its prefill already
+		}
+		k := earliest(e, ends, min(n-s, c-1), floor)
+		// Moved earlier by the floor, the prefill it leaves is the
+		// measured time from that end: the cost model may learn from it
+		// (before the model is ready the floor rests on the fastest
+		// sample, which a slow one never moves; after, the fit leaves
+		// outliers out).
+		if k >= 0 {
+			p.queue = max(0, time.Duration(ends[k]-e.arrive))
+		}
 	}
 	return p, warn
+}
+
+// earliest is the end e waited for, k by the slot count, unless that
+// leaves e less than floor of prefill: its prompt cannot be prefilled so
+// fast (the proxy saw no earlier request send the part that would have to
+// be cached), so it began earlier, beside requests the proxy never saw
+// produce output together (a long prefill overlaps a short answer's
+// decode): the latest earlier end that leaves it floor, or its arrival
+// (-1). When even its arrival leaves less than floor, the floor is wrong
+// (the engine had the prompt from elsewhere) and k stands.
+func earliest(e occEntry, ends []int64, k int, floor time.Duration) int {
+	f := int64(floor)
+	if floor <= 0 || e.first-ends[k] >= f || e.first-e.arrive < f {
+		return k
+	}
+	for k--; k >= 0 && e.first-ends[k] < f; k-- {
+	}
+	return k
+}
+
+// pointFits reports whether a prefill of gap fits the point estimate and
+// one of from does not: the request's new tokens are known (its prompt is
+// not a cache hit the proxy could not know of), so its prefill is close to
+// point, and it began at the end gap before its first output, not at the
+// start from before it that the slot count predicts.
+func pointFits(gap, from int64, point time.Duration) bool {
+	p, slack := float64(point), float64(pointSlack)
+	return float64(from) >= pointApart*p+slack && float64(gap) >= pointLow*p-slack && float64(gap) <= pointHigh*p+slack
+}
+
+// waitedFor is the index in ends (the ends of the requests ahead of e
+// before its first output, ascending; n ahead in all) of an end that e
+// waited for although with slots slots it would have begun earlier, or -1.
+// With slots slots e began at its arrival (n < slots) or at the
+// (n−slots+1)-th end; if its first output came longer after that than its
+// prefill can take, and right after a later end (within what its prefill
+// can take, having been in the engine at least minWait before it), it
+// took the slot that later end freed: the engine has fewer slots. Cache
+// hits only make prefill shorter, so an estimate from the cold rate bounds
+// it from above. A correct slot count never gives one: a request that
+// began at the end it should have may see the others ahead end during its
+// prefill, but it is judged from its predicted start, not from them.
+func waitedFor(e occEntry, ends []int64, n, slots int, est time.Duration, haveEst bool, point time.Duration) (j int, byPoint bool) {
+	j = waitedForEnd(e, ends, n, slots, est, haveEst, point)
+	if j < 0 || point <= 0 {
+		return j, false
+	}
+	return j, pointFits(max(e.first-ends[j], 0), e.first-predictedStart(e, ends, n, slots), point)
+}
+
+// predictedStart is when e began with slots slots: at its arrival, or at
+// the (n−slots+1)-th end (ends ascending).
+func predictedStart(e occEntry, ends []int64, n, slots int) int64 {
+	if k := n - slots; k >= 0 && k < len(ends) {
+		return max(e.arrive, ends[k])
+	}
+	return e.arrive
+}
+
+// waitedForEnd is waitedFor's index.
+func waitedForEnd(e occEntry, ends []int64, n, slots int, est time.Duration, haveEst bool, point time.Duration) int {
+	if k := n - slots; k >= len(ends) {
+		return -1 // it began after its first output: fewer were ahead than counted
+	}
+	start := predictedStart(e, ends, n, slots)
+	j := len(ends) - 1
+	if j < 0 || ends[j] <= start {
+		return -1 // no end after its predicted start
+	}
+	from := e.first - start
+	if point > 0 {
+		// Its prefill is known: the end it waited for is the one its
+		// prefill fits, not necessarily the latest (others ahead of it may
+		// end during its prefill).
+		for i := j; i >= 0 && ends[i] > start && ends[i]-e.arrive >= int64(minWait); i-- {
+			if pointFits(max(e.first-ends[i], 0), from, point) {
+				return i
+			}
+		}
+	}
+	wait, gap := ends[j]-start, max(e.first-ends[j], 0)
+	if ends[j]-e.arrive < int64(minWait) {
+		return -1
+	}
+	if haveEst {
+		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
+		if from > bound && gap <= bound {
+			return j
+		}
+		return -1
+	}
+	if gap <= int64(tightGap) && 4*gap <= wait {
+		return j
+	}
+	return -1
+}
+
+// abandonedEnd is when the engine let the slot of e go, a request whose
+// client left before its first output (end, the proxy's end of it, is
+// then early): prefill time after the moment it began, when it had begun
+// before the client left. A request still queued then left the queue. The
+// caller holds o.mu.
+func (o *occupancy) abandonedEnd(e occEntry, ends []int64, n int, prefill time.Duration) int64 {
+	start := e.arrive
+	if k := n - o.slots.effective(); k >= 0 {
+		if k >= len(ends) {
+			return e.end // the end it waited for came after it left: it never began
+		}
+		start = max(start, ends[k])
+	}
+	if start >= e.end {
+		return e.end
+	}
+	return start + int64(prefill)
 }
 
 // sweep is the most requests seen producing output at one instant of e's
@@ -232,23 +419,6 @@ func (o *occupancy) sweep(e occEntry) int {
 	return best + 1
 }
 
-// tight reports whether a request waited for an end: it would have been
-// in the engine for wait before it, and its first output came gap after
-// it, free (its whole arrival-to-first-output time) being more than its
-// prefill can take. Cache hits only make prefill shorter, so an estimate
-// from the cold rate bounds it from above.
-func tight(wait, gap, free int64, est time.Duration, haveEst bool) bool {
-	if wait < int64(minWait) {
-		return false
-	}
-	gap = max(gap, 0)
-	if haveEst {
-		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
-		return free > bound && gap <= bound
-	}
-	return gap <= int64(tightGap) && 4*gap <= wait
-}
-
 // passing puts a request of a route without generation (/v1/models …) on
 // the timeline: it held no slot, but the proxy's in-flight count at a
 // later request's admission included it.
@@ -265,7 +435,7 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 	if e.release < 0 {
 		e.release = o.rel(tr.End)
 	}
-	e.arrive, e.end = e.admit, e.release
+	e.arrive, e.end, e.last = e.admit, e.release, e.release
 	o.push(e)
 }
 
@@ -323,8 +493,8 @@ func (o *occupancy) at(i int) *occEntry { return &o.ring[(o.next-1-i+occRing)%oc
 
 // overlap collects x for sweep when it produced output while e did.
 func (o *occupancy) overlap(x, e *occEntry) {
-	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.end && x.end > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
-		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.end
+	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.last && x.last > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
+		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.last
 		o.nRuns++
 	}
 }
@@ -355,8 +525,18 @@ func (o *occupancy) push(e occEntry) {
 // was reached. Safe for concurrent use.
 func (r *Recorder) Slots() SlotsSection {
 	r.occ.mu.Lock()
-	defer r.occ.mu.Unlock()
-	return r.occ.slots.section()
+	s := r.occ.slots.section()
+	r.occ.mu.Unlock()
+	s.ResponseHead = r.head.current()
+	return s
+}
+
+// sortEnds sorts the ends of the requests ahead ascending. They were found
+// newest first, so nearly descending: reversed first, insertion sort is
+// then nearly linear.
+func sortEnds(ends []int64) {
+	slices.Reverse(ends)
+	insertionSort(ends)
 }
 
 // insertionSort sorts a few values ascending without the overhead of a

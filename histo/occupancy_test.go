@@ -12,14 +12,15 @@ import (
 )
 
 // served is a request on a synthetic engine timeline: sent at arrive ms,
-// first output at first, last token at last, 2,000 prompt tokens; inflight
-// is the proxy's in-flight count at its admission.
+// first output at first, the stream's end (the slot let go) at last, its
+// last token 0.2 ms before, 2,000 prompt tokens; inflight is the proxy's
+// in-flight count at its admission.
 func served(arrive, first, last float64, inflight int) proxy.Trace {
 	tr := chat()
 	tr.Recv, tr.Admit, tr.Sent = at(arrive), at(arrive), at(arrive)
 	tr.Connect = 0
 	tr.Headers, tr.FirstEvent, tr.FirstOutput, tr.FirstContent = at(first), at(first), at(first), at(first)
-	tr.LastToken, tr.End, tr.ClientDone = at(last), at(last+0.2), at(last+0.3)
+	tr.LastToken, tr.End, tr.ClientDone = at(last-0.2), at(last), at(last+0.1)
 	tr.ReasoningEvents = 0
 	tr.PromptTokens, tr.CachedTokens = 2000, -1
 	tr.InflightAtAdmit = inflight
@@ -183,6 +184,96 @@ func TestOccupancyHintKept(t *testing.T) {
 	q, s = run(0)
 	require.Equal(t, Span(ms2d(140)), q, "no evidence of a second slot: it waited for a's end")
 	require.Equal(t, 1, s.Effective)
+}
+
+// TestOccupancyFreedAtStreamEnd: ollama lets a slot go with the stream's
+// final chunk, one decode step after the last content token (155–240 ms
+// under host load); the next request waited until then, not until the
+// last token.
+func TestOccupancyFreedAtStreamEnd(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	a := served(0, 100, 500, 0)
+	a.LastToken = at(300) // the final chunk came 200 ms after the last token
+	b := served(1, 600, 800, 1)
+	r.Record(&a)
+	r.Record(&b)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(ms2d(499)), rq.Queue, "a's slot was free at its stream's end")
+	require.Equal(t, Span(ms2d(100)), rq.Prefill)
+}
+
+// TestOccupancyRightHintKeptOnTwoSlots: llama.cpp -np 2 with
+// --engine-slots 2, a burst of four: c and d each take the slot the first
+// end frees, and the other request ahead of them ends during their
+// prefill. That end is not the one they waited for: judged from the start
+// two slots predict, their prefill is ordinary, and the right hint is
+// never reported too large (it was, as hint_too_large, before).
+func TestOccupancyRightHintKeptOnTwoSlots(t *testing.T) {
+	for _, hint := range []int{2, 0} {
+		r, _, _ := newTest(t, Config{EngineSlots: hint})
+		trs := []proxy.Trace{
+			served(0, 100, 400, 0),   // slot 1
+			served(1, 110, 540, 1),   // slot 2
+			served(2, 560, 900, 2),   // slot 1 at 400; b ends at 540, during its prefill
+			served(3, 700, 1000, 3),  // slot 2 at 540
+			served(4, 1060, 1200, 4), // slot 1 at 900; d ends at 1000, during its prefill
+			served(5, 1160, 1300, 5), // slot 2 at 1000
+		}
+		for i := range trs {
+			r.Record(&trs[i])
+		}
+		got := r.Recent(len(trs))
+		for i, want := range []float64{0, 0, 398, 537, 896, 995} {
+			require.Equal(t, Span(ms2d(want)), got[len(trs)-1-i].Queue, "hint %d, request %d", hint, i)
+		}
+		s := r.Slots()
+		require.Equal(t, 2, s.Effective, "hint %d", hint)
+		if hint != 0 {
+			require.Equal(t, SlotsHint, s.State)
+		}
+	}
+}
+
+// TestOccupancyAbandonedPrefill: a client leaves during its prefill; the
+// engine goes on prefilling the whole prompt before it frees the slot. The
+// next request's wait until then is queue, not prefill: the slot is held
+// for the cold prefill the cost model predicts for the abandoned prompt.
+func TestOccupancyAbandonedPrefill(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	// Eight cold prompts teach the model 20,000 tokens/s: 2,000 tokens in
+	// 100 ms.
+	for i := range 8 {
+		tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
+		r.Record(&tr)
+	}
+	_, _, ok := r.PrefillRate()
+	require.True(t, ok)
+	gone := served(10000, 0, 0, 0)
+	gone.PromptTokens = 8000 // 400 ms of prefill; the client left at 50 ms
+	gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
+	gone.End, gone.ClientDone = at(10050), at(10050)
+	gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 0
+	gone.UsageSeen, gone.CompletionTokens = false, -1
+	next := served(10010, 10500, 10700, 1) // its slot came at 10,400: 390 ms of queue, 100 ms of prefill
+	r.Record(&gone)
+	r.Record(&next)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.InDelta(t, 390, rq.Queue.Millis(), 5, "the engine prefilled the abandoned prompt")
+	require.InDelta(t, 100, rq.Prefill.Millis(), 5)
+
+	// Without usage the abandoned prompt is sized from its body.
+	r2, _, _ := newTest(t, Config{})
+	for i := range 8 {
+		tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
+		tr.ReqBytes = 8000 // 2,000 tokens: 0.25 per byte
+		r2.Record(&tr)
+	}
+	gone.PromptTokens, gone.ReqBytes = -1, 32000
+	r2.Record(&gone)
+	r2.Record(&next)
+	require.InDelta(t, 390, r2.Recent(1)[0].Queue.Millis(), 5)
 }
 
 func TestSlotLearnerWindow(t *testing.T) {

@@ -69,6 +69,10 @@ type Config struct {
 	// SelfCheck configures the measurement-quality probe
 	// (Recorder.SelfCheck), which the caller starts.
 	SelfCheck selfcheck.Config
+	// EngineLoad is the engine's running and waiting counts as scraped
+	// from its /metrics, evidence for the split (SetEngineLoad sets it
+	// later). nil means none.
+	EngineLoad EngineLoad
 }
 
 func (c *Config) setDefaults() error {
@@ -135,6 +139,9 @@ type Recorder struct {
 	self   *selfcheck.Probe
 	model  rateModel
 	occ    occupancy
+	head   headLearner
+	load   engineLoadRef // the engine's /metrics counts (SetEngineLoad); nil without
+	totals proxyTotals   // for the agreement with the engine's /metrics (engine.go)
 	start  time.Time
 
 	gap, relay eventPair
@@ -160,6 +167,9 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r := &Recorder{cfg: cfg, reg: reg, prom: newMetrics(), start: cfg.Now()}
 	r.cur = newWindow(r.start, 0)
 	r.occ.slots = newSlotLearner(cfg.EngineSlots)
+	if cfg.EngineLoad != nil {
+		r.SetEngineLoad(cfg.EngineLoad)
+	}
 	r.convs = newConversations(cfg.MaxConversations, cfg.ConversationIdle)
 	for m := range numRequestMetrics {
 		r.hist[m] = newPair(m, r.prom.clamped[m])
@@ -213,7 +223,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 // anvilproxy_requests_total only.
 func inference(rt proxy.Route) bool {
 	switch rt {
-	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages:
+	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion:
 		return true
 	}
 	return false
@@ -237,6 +247,8 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	rs := r.model.read()
 	sp, place := r.split(tr, rs)
 	newRequest(&rq, tr, sp)
+	rq.Engine.setLoad(r.loadAt(tr))
+	r.totals.add(&rq)
 	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
 	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq)
@@ -245,9 +257,34 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	}
 	r.add(&rq, tr)
 	// Learn after splitting, so a request is never judged by its own
-	// sample. Idle: nothing was ahead of it in the engine.
-	idle := place.ok && place.ahead == 0 || !place.ok && tr.InflightAtAdmit == 0
-	r.model.learn(tr, idle, rs)
+	// sample.
+	if prefill, ok := learnable(tr, sp, place); ok {
+		r.model.learn(tr, prefill, rs)
+	}
+}
+
+// learnable is the prefill time of tr the cost model may learn from: the
+// split's when it rests on the engine's evidence or the timeline (a
+// proven slot count), and the
+// whole upstream time to first output when the rate model split a request
+// that found nothing in flight (the engine was idle).
+func learnable(tr *proxy.Trace, sp Split, place placement) (time.Duration, bool) {
+	switch sp.Source {
+	case SourceServer, SourceServerPrefill, SourceHeaders, SourceLimiter:
+		return sp.Prefill, sp.OK
+	case SourceOccupancy:
+		// Not from a split that rests on the model's own estimate, nor
+		// on an unproven hint unless the request began at once all the
+		// same: nothing was ahead, or it ran beside all that were.
+		return sp.Prefill, sp.OK && !place.inferred && (place.ahead == 0 || place.streams > place.ahead || !place.unproven)
+	case SourceModel, SourceNone:
+		ttfo, ok := tr.TTFO()
+		if ok && !place.ok && tr.InflightAtAdmit == 0 {
+			pq, _ := tr.ProxyQueue()
+			return ttfo - pq - tr.Connect, true
+		}
+	}
+	return 0, false
 }
 
 // warnSlots logs that the slot hint and the evidence disagree.

@@ -168,6 +168,10 @@ type Request struct {
 	// (requests_other.go); null when it was not tracked.
 	Conversation ConvID `json:"conversation"`
 	Turn         Count  `json:"turn"`
+
+	// Engine is what the engine itself said about the request, beside the
+	// proxy's own figures and never mixed into them (engine.go).
+	Engine EngineFigures `json:"engine"`
 }
 
 // newRequest fills rq from tr and its split. Index and Good are set under
@@ -206,6 +210,7 @@ func newRequest(rq *Request, tr *proxy.Trace, sp Split) {
 		RetryAttempt:        Count(tr.Retry.Attempt), // Record takes inference routes only: always known
 	}
 	rq.Conversation, rq.Turn = conversationOf(&tr.Prefix)
+	rq.Engine = engineFiguresOf(tr)
 	if tr.ErrKind != proxy.ErrNone {
 		rq.ErrSide, rq.ErrKind = tr.ErrSide.String(), tr.ErrKind.String()
 	}

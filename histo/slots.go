@@ -29,6 +29,10 @@ type SlotsSection struct {
 	State        string `json:"state"`
 	Observations int64  `json:"observations"` // requests behind Learned (the last slotWindow)
 	Waited       int64  `json:"waited"`       // of them, those whose first output came right after another's end
+	// ResponseHead is when the engine sends its response head, as learned
+	// from the traffic (HeadUnknown … HeadFirstOutput): at slot start the
+	// head is the split's evidence (queue_source "headers").
+	ResponseHead string `json:"response_head"`
 }
 
 // slotLearner learns the engine's effective concurrency. Each request

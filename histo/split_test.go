@@ -27,6 +27,21 @@ func TestSplitSources(t *testing.T) {
 		edit: func(tr *proxy.Trace) { tr.ServerQueue = 0 },
 		want: Split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServer, OK: true}, // 300 − 1.5
 	}, {
+		name: "server reports prefill only (llama.cpp timings.prompt_ms): queue is the rest",
+		edit: func(tr *proxy.Trace) { tr.ServerPrefill, tr.Connect = ms2d(150), ms2d(20) },
+		want: Split{Queue: ms2d(130), Prefill: ms2d(150), Source: SourceServerPrefill, OK: true}, // 300 − 20 − 150
+	}, {
+		name: "server prefill longer than the time to first output: no negative queue",
+		edit: func(tr *proxy.Trace) { tr.ServerPrefill = ms2d(400) },
+		want: Split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServerPrefill, OK: true},
+	}, {
+		name: "server prefill wins over the limiter, whose wait is part of the queue",
+		edit: func(tr *proxy.Trace) {
+			tr.Limited, tr.Admit, tr.FirstOutput = true, at(100), at(400)
+			tr.ServerPrefill = ms2d(200)
+		},
+		want: Split{Queue: ms2d(198.5), Prefill: ms2d(200), Source: SourceServerPrefill, OK: true}, // 100 + (400 − 100 − 1.5 − 200)
+	}, {
 		name: "server queue without first output or prefill",
 		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.FirstOutput = ms2d(100), time.Time{} },
 		want: noSplit,
@@ -126,31 +141,59 @@ func TestSplitModel(t *testing.T) {
 	require.InDelta(t, 2500.0, rq.Queue.Millis(), 1e-3)
 }
 
-func TestRateModelMedian(t *testing.T) {
+func TestRateModelRobust(t *testing.T) {
 	var m rateModel
-	// Outliers (a request that queued behind traffic the proxy cannot see)
-	// do not move the median.
+	// Outliers (a request that queued behind traffic the proxy cannot see:
+	// 77 times too slow) do not move the fit.
 	for i := range 200 {
-		x := 7700.0
+		n := 1000.0 + float64(i%7)*10
+		x := rateSample{n: n, pos: n / 2, t: n / 7700}
 		if i%5 == 0 {
-			x = 100
+			x.t *= 77
 		}
-		m.add(x + float64(i%3))
+		m.add(x)
 	}
 	rate, ok := m.rate()
 	require.True(t, ok)
-	require.InDelta(t, 7701, rate, 1)
+	require.InDelta(t, 7700, rate, 1)
 	require.Equal(t, modelSamples, m.samples())
-	for i := 1; i < m.n; i++ {
-		require.LessOrEqual(t, m.sorted[i-1], m.sorted[i])
-	}
 
 	// The window slides: after 64 new samples the old ones are gone.
-	for range modelSamples {
-		m.add(5000)
+	for i := range modelSamples {
+		n := 1000.0 + float64(i%7)*10
+		m.add(rateSample{n: n, pos: n / 2, t: n / 5000})
 	}
 	rate, _ = m.rate()
-	require.Equal(t, 5000.0, rate)
+	require.InDelta(t, 5000.0, rate, 1e-6)
+}
+
+// TestCostModelGrowsWithContext: an engine whose prefill per new token
+// grows with the cached context it attends to (llama.cpp: attention), with
+// a fixed cost per request. Learned from conversation turns (the new
+// tokens known from the prefix reuse), the model finds all three terms,
+// and inverting it gives the turn's cached tokens; a constant rate learned
+// from short cold prompts read such turns as 0.42–0.79 of the truth.
+func TestCostModelGrowsWithContext(t *testing.T) {
+	truth := costFit{t0: 0.002, a: 1.0 / 20000, b: 1e-8} // 2 ms, 20,000 tokens/s, +1% per 1,000 tokens of context… per 1e-8 s·token²
+	var m rateModel
+	for i := range 40 {
+		cached := float64(i%10) * 2000
+		n := 100 + float64(i%4)*300
+		m.add(rateSample{n: n, pos: cached + n/2, t: truth.cost(n, cached)})
+	}
+	rs := m.read()
+	require.True(t, rs.ready)
+	require.InDelta(t, truth.t0, rs.fit.t0, 1e-6)
+	require.InDelta(t, truth.a, rs.fit.a, truth.a*1e-3)
+	require.InDelta(t, truth.b, rs.fit.b, truth.b*1e-3)
+	for _, c := range []struct{ n, cached float64 }{{500, 19000}, {2000, 0}, {64, 30000}} {
+		got := rs.fit.newTokens(truth.cost(c.n, c.cached), c.n+c.cached)
+		require.InDelta(t, c.n, got, 1, "%+v", c)
+	}
+	// A prefill faster than the fixed cost is all cached; one slower than
+	// the whole prompt cold is all new.
+	require.Zero(t, rs.fit.newTokens(0.001, 5000))
+	require.Equal(t, 5000.0, rs.fit.newTokens(10, 5000))
 }
 
 // TestRateModelNotLockedByAStall: before the model is ready the slowest

@@ -56,6 +56,9 @@ type Window struct {
 	// occupancy split used it when the window ended. Nil for Cumulative.
 	Cache *CacheSection
 	Slots *SlotsSection
+	// Engine is the engine's /metrics as last scraped when the window
+	// ended (engine.go); nil without a scraper.
+	Engine *EngineSection
 }
 
 // Encode returns every histogram in the HdrHistogram V2 compressed
@@ -208,6 +211,7 @@ func (r *Recorder) fill(out *Window, w *window, quality *selfcheck.Section) {
 	w.tallies.put(out)
 	slots := r.Slots()
 	out.Slots = &slots
+	out.Engine = r.EngineSection()
 	out.Quality = quality
 }
 

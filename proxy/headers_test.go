@@ -144,6 +144,12 @@ func TestRouteOf(t *testing.T) {
 		{"/health", RouteHealth},
 		{"/metrics", RouteMetrics},
 		{"/v1/chat/completionsX", RouteOther},
+		// llama.cpp: its native protocol without /v1, OpenAI's with it.
+		{"/completion", RouteLlamaCompletion},
+		{"/completions", RouteLlamaCompletion},
+		{"/llama/v1/completions", RouteCompletions},
+		{"/chat/completions", RouteChat},
+		{"/completionsX", RouteOther},
 		{"/", RouteOther},
 	}
 	for _, tt := range tests {

@@ -285,7 +285,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 
 	status := r.resp.StatusCode()
-	r.timing.QueueMs = headerQueueMs(&r.resp.Header)
+	if engineHeaders(&r.resp.Header, &r.timing, &r.usage) {
+		tr.UsageSeen = r.usage.PromptTokens >= 0 || r.usage.CompletionTokens >= 0
+	}
 	r.resp.Header.CopyTo(&ctx.Response.Header)
 	stripResponseHops(&ctx.Response.Header)
 	// Trailers come only after a chunked body, which goes to an HTTP/1.1
@@ -579,7 +581,7 @@ func (p *Proxy) readUsage(r *relay) {
 			tr.UsageSeen = true
 		}
 		if r.chunk.Flags&sse.FlagTiming != 0 {
-			mergeTiming(&r.timing, r.chunk.Timing)
+			r.timing.Merge(r.chunk.Timing)
 		}
 	}
 	tr.PromptTokens, tr.CompletionTokens = u.PromptTokens, u.CompletionTokens
@@ -590,15 +592,7 @@ func (p *Proxy) readUsage(r *relay) {
 		tr.CompletionTokens = -1
 	}
 	tr.CachedTokens, tr.ReasoningTokens = u.CachedTokens, u.ReasoningTokens
-	tr.ServerQueue = msDuration(r.timing.QueueMs)
-	tr.ServerPrefill = msDuration(r.timing.PrefillMs)
-}
-
-func msDuration(ms float64) time.Duration {
-	if ms < 0 {
-		return -1
-	}
-	return time.Duration(ms * float64(time.Millisecond))
+	readTiming(tr, &r.timing)
 }
 
 // reset prepares a relay for the next request, keeping its buffers.
@@ -611,7 +605,7 @@ func (r *relay) reset() {
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()
 	r.usage = sse.UnknownUsage()
-	r.timing = sse.Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1}
+	r.timing = sse.UnknownTiming()
 	r.capture = r.capture[:0]
 	if cap(r.capture) > 1<<20 {
 		r.capture = nil // do not pin a large body in the pool
@@ -622,4 +616,5 @@ func (r *relay) reset() {
 	r.left = nil
 	r.gone.Store(false)
 	r.tr = Trace{}
+	readTiming(&r.tr, &r.timing) // unknown until the engine says: -1, never 0
 }

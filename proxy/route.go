@@ -22,12 +22,13 @@ const (
 	RouteEmbeddings
 	RouteHealth
 	RouteMetrics
+	RouteLlamaCompletion // llama.cpp's native /completion and /completions (docs/engines.md)
 )
 
-var routeNames = [...]string{"other", "chat", "completions", "responses", "messages", "models", "embeddings", "health", "metrics"}
+var routeNames = [...]string{"other", "chat", "completions", "responses", "messages", "models", "embeddings", "health", "metrics", "llama_completion"}
 
 // Routes lists every route, for pre-resolving metric label children.
-var Routes = []Route{RouteOther, RouteChat, RouteCompletions, RouteResponses, RouteMessages, RouteModels, RouteEmbeddings, RouteHealth, RouteMetrics}
+var Routes = []Route{RouteOther, RouteChat, RouteCompletions, RouteResponses, RouteMessages, RouteModels, RouteEmbeddings, RouteHealth, RouteMetrics, RouteLlamaCompletion}
 
 func (r Route) String() string {
 	if int(r) < len(routeNames) {
@@ -48,18 +49,27 @@ func (r Route) Protocol() sse.Protocol {
 		return sse.ProtocolResponses
 	case RouteMessages:
 		return sse.ProtocolMessages
+	case RouteLlamaCompletion:
+		return sse.ProtocolLlama
 	}
 	return sse.ProtocolUnknown
 }
 
 // routeOf maps a request path (without query) to its Route. A prefix before
 // /v1 is tolerated so that gateways mounting the API under a path still match.
+// llama.cpp serves its native completion protocol at /completion and at
+// /completions, and OpenAI's at /v1/completions: a /completions not under
+// /v1 is the native one. Its classifier also reads the OpenAI shape, so a
+// gateway that serves OpenAI completions without /v1 is still measured,
+// under the other route label (docs/engines.md, "Which route is which").
 func routeOf(path []byte) Route {
 	switch {
 	case bytes.HasSuffix(path, []byte("/chat/completions")):
 		return RouteChat
-	case bytes.HasSuffix(path, []byte("/completions")):
+	case bytes.HasSuffix(path, []byte("/v1/completions")):
 		return RouteCompletions
+	case bytes.HasSuffix(path, []byte("/completions")), bytes.HasSuffix(path, []byte("/completion")):
+		return RouteLlamaCompletion
 	case bytes.HasSuffix(path, []byte("/responses")):
 		return RouteResponses
 	case bytes.HasSuffix(path, []byte("/messages")):

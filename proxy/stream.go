@@ -7,7 +7,6 @@ import (
 	"io"
 	"mime"
 	"net"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -325,38 +324,12 @@ func (r *relay) onEvent(t time.Time) {
 		tr.UsageSeen = true
 	}
 	if f&sse.FlagTiming != 0 {
-		mergeTiming(&r.timing, r.chunk.Timing)
+		r.timing.Merge(r.chunk.Timing)
 	}
 	if f&sse.FlagDone != 0 {
 		r.sawEnd = true
 		r.endAt(t)
 	}
-}
-
-// mergeTiming keeps the engine-reported values of v that are known.
-func mergeTiming(t *sse.Timing, v sse.Timing) {
-	if v.QueueMs >= 0 {
-		t.QueueMs = v.QueueMs
-	}
-	if v.PrefillMs >= 0 {
-		t.PrefillMs = v.PrefillMs
-	}
-	if v.CachedTokens >= 0 {
-		t.CachedTokens = v.CachedTokens
-	}
-}
-
-// headerQueueMs reads TGI's x-queue-time response header (milliseconds).
-func headerQueueMs(h *fasthttp.ResponseHeader) float64 {
-	v := h.Peek("X-Queue-Time")
-	if len(v) == 0 {
-		return -1
-	}
-	ms, err := strconv.ParseFloat(string(v), 64)
-	if err != nil || ms < 0 {
-		return -1
-	}
-	return ms
 }
 
 // isEventStream reports whether a Content-Type is text/event-stream, with

@@ -143,9 +143,15 @@ type Trace struct {
 	ReasoningTokens  int64
 	UsageSeen        bool // usage came from the engine (else token counts are estimates or unknown)
 
-	// Engine-reported timing (vLLM metrics, llama.cpp timings, TGI x-queue-time); negative when absent.
-	ServerQueue   time.Duration
-	ServerPrefill time.Duration
+	// What the engine reported about this request itself, never the
+	// proxy's own stamps; negative when absent. Which engine reports
+	// which is in docs/engines.md.
+	ServerQueue        time.Duration // waiting before it was scheduled (vLLM metrics.queue_time_ms, TGI x-queue-time)
+	ServerPrefill      time.Duration // on the prompt (llama.cpp timings.prompt_ms; vLLM time_to_first_token_ms − queue_time_ms)
+	ServerDecode       time.Duration // generating after the prompt (llama.cpp timings.predicted_ms)
+	ServerInference    time.Duration // from scheduling to the end, prompt and generation (TGI x-inference-time)
+	ServerPromptEval   int64         // prompt tokens evaluated, cache hits excluded (llama.cpp timings.prompt_n)
+	ServerCachedTokens int64         // prompt tokens served from the slot's cache (llama.cpp timings.cache_n)
 
 	// Prefix is how much of the prompt an earlier request had sent, and
 	// where it drifted (docs/design.md "Prefix drift"); zero for routes that are not

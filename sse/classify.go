@@ -16,6 +16,8 @@ const (
 	ProtocolCompletions          // POST /v1/completions (choices[].text)
 	ProtocolResponses            // POST /v1/responses (OpenAI Responses API events)
 	ProtocolMessages             // POST /v1/messages (Anthropic)
+	ProtocolLlama                // POST /completion, /completions without /v1 (llama.cpp native)
+	numProtocols
 )
 
 // String returns the protocol's short name, such as "chat".
@@ -29,6 +31,8 @@ func (p Protocol) String() string {
 		return "responses"
 	case ProtocolMessages:
 		return "messages"
+	case ProtocolLlama:
+		return "llama_completion"
 	}
 	return "unknown"
 }
@@ -43,16 +47,18 @@ type Flags uint16
 //     Responses response.reasoning_text.delta and
 //     response.reasoning_summary_text.delta; Anthropic thinking_delta.
 //   - FlagContent: chat delta.content or delta.refusal; completions
-//     choices[].text; Responses response.output_text.delta and
+//     choices[].text; llama.cpp native content; Responses response.output_text.delta and
 //     response.refusal.delta; Anthropic text_delta.
 //   - FlagToolCall: chat delta.tool_calls with a name or arguments;
 //     Responses response.function_call_arguments.delta and a function call
 //     in response.output_item.added; Anthropic input_json_delta and a
 //     tool_use block start.
 //   - FlagFinish: a non-null finish_reason; Anthropic stop_reason;
-//     Responses response.completed and response.incomplete.
+//     Responses response.completed and response.incomplete; llama.cpp
+//     native "stop": true.
 //   - FlagDone: data "[DONE]"; Anthropic message_stop; Responses
-//     response.completed, response.incomplete and response.failed.
+//     response.completed, response.incomplete and response.failed;
+//     llama.cpp native "stop": true.
 //   - FlagError: an "error" SSE event, a top-level "error" object, an
 //     Anthropic or Responses error event, Responses response.failed.
 const (
@@ -132,6 +138,8 @@ func Classify(proto Protocol, ev *Event, c *Chunk) {
 		ok = classifyResponses(ev.Type, ev.Data, c)
 	case ProtocolMessages:
 		ok = classifyMessages(ev.Type, ev.Data, c)
+	case ProtocolLlama:
+		ok = classifyLlama(ev.Data, c)
 	}
 	if !ok {
 		c.reset()
@@ -155,6 +163,8 @@ func ClassifyBody(proto Protocol, body []byte, c *Chunk) {
 		ok = classifyResponseBody(body, c)
 	case ProtocolMessages:
 		ok = classifyMessages(nil, body, c)
+	case ProtocolLlama:
+		ok = classifyLlama(body, c)
 	}
 	if !ok {
 		c.reset()

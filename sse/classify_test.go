@@ -75,14 +75,23 @@ func TestClassifyStreams(t *testing.T) {
 			proto:  ProtocolChat,
 			flags:  []string{"role", "reasoning", "reasoning", "content", "content", "finish|usage|timing", "done"},
 			usage:  Usage{PromptTokens: 68, CompletionTokens: 25, CachedTokens: 60, ReasoningTokens: -1},
-			timing: Timing{QueueMs: -1, PrefillMs: 43.237, CachedTokens: 60},
+			timing: Timing{QueueMs: -1, PrefillMs: 43.237, DecodeMs: 238.74, CachedTokens: 60, PromptEval: 8},
+		},
+		{
+			// llama.cpp's native /completion stream: no choices, no
+			// usage object, no [DONE]; "stop": true ends it.
+			name:   "llamacpp_completion.sse",
+			proto:  ProtocolLlama,
+			flags:  []string{"content|usage", "content|usage", "content|usage", "usage", "finish|usage|done|timing"},
+			usage:  Usage{PromptTokens: 68, CompletionTokens: 4, CachedTokens: 60, ReasoningTokens: -1},
+			timing: Timing{QueueMs: -1, PrefillMs: 43.237, DecodeMs: 38.2, CachedTokens: 60, PromptEval: 8},
 		},
 		{
 			name:   "vllm_metrics.sse",
 			proto:  ProtocolChat,
 			flags:  []string{"role", "content", "content", "finish", "usage|timing", "done"},
 			usage:  Usage{PromptTokens: 42, CompletionTokens: 8, CachedTokens: 32, ReasoningTokens: -1},
-			timing: Timing{QueueMs: 12.3, PrefillMs: 85.2 - 12.3, CachedTokens: -1},
+			timing: Timing{QueueMs: 12.3, PrefillMs: 85.2 - 12.3, DecodeMs: -1, CachedTokens: -1, PromptEval: -1},
 		},
 		{
 			name:   "completions.sse",
@@ -138,6 +147,8 @@ func TestClassifyStreams(t *testing.T) {
 			require.InDelta(t, tt.timing.QueueMs, timing.QueueMs, 1e-9)
 			require.InDelta(t, tt.timing.PrefillMs, timing.PrefillMs, 1e-9)
 			require.Equal(t, tt.timing.CachedTokens, timing.CachedTokens)
+			require.InDelta(t, tt.timing.DecodeMs, timing.DecodeMs, 1e-9)
+			require.Equal(t, tt.timing.PromptEval, timing.PromptEval)
 		})
 	}
 }
@@ -283,27 +294,27 @@ func TestClassifyTiming(t *testing.T) {
 		{
 			name: "vllm prefill from ttft",
 			data: `{"choices":[],"metrics":{"time_to_first_token_ms":100.5,"queue_time_ms":20.25}}`,
-			want: Timing{QueueMs: 20.25, PrefillMs: 80.25, CachedTokens: -1},
+			want: Timing{QueueMs: 20.25, PrefillMs: 80.25, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
 		},
 		{
 			name: "vllm prefill reported",
 			data: `{"choices":[],"metrics":{"prefill_time_ms":30,"time_to_first_token_ms":100,"queue_time_ms":20}}`,
-			want: Timing{QueueMs: 20, PrefillMs: 30, CachedTokens: -1},
+			want: Timing{QueueMs: 20, PrefillMs: 30, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
 		},
 		{
 			name: "vllm queue only",
 			data: `{"choices":[],"metrics":{"queue_time_ms":1e1}}`,
-			want: Timing{QueueMs: 10, PrefillMs: -1, CachedTokens: -1},
+			want: Timing{QueueMs: 10, PrefillMs: -1, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
 		},
 		{
 			name: "llama.cpp",
 			data: `{"choices":[],"timings":{"cache_n":236,"prompt_n":1,"prompt_ms":30.958,"predicted_ms":1.5}}`,
-			want: Timing{QueueMs: -1, PrefillMs: 30.958, CachedTokens: 236},
+			want: Timing{QueueMs: -1, PrefillMs: 30.958, DecodeMs: 1.5, InferenceMs: -1, CachedTokens: 236, PromptEval: 1},
 		},
 		{
 			name: "not numbers",
 			data: `{"choices":[],"timings":{"cache_n":null,"prompt_ms":"fast"}}`,
-			want: Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1},
+			want: Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
 		},
 	}
 	for _, tt := range tests {
@@ -448,4 +459,32 @@ func TestStrings(t *testing.T) {
 	} {
 		require.Equal(t, want, p.String())
 	}
+}
+
+// TestClassifyLlama holds llama.cpp's native completion events to their
+// own end marker: only the literal "stop": true ends the stream.
+func TestClassifyLlama(t *testing.T) {
+	for _, tt := range []struct {
+		data string
+		want string
+	}{
+		{`{"content":"x","stop":false}`, "content"},
+		{`{"content":"","stop":true}`, "finish|done"},
+		{`{"content":"x","stop":"true"}`, "content"},
+		{`{"stop":null,"content":null}`, "0"},
+		{`{"error":{"code":500,"message":"slot unavailable","type":"server_error"}}`, "error"},
+		{`{"choices":[{"text":"x","finish_reason":null}]}`, "content"},
+		{`{"id_slot":0,"model":"m"}`, "unparsed"},
+		{`{"content":"x","stop":tru}`, "content"}, // the scanner does not spell-check literals; not true, so no end
+	} {
+		var c Chunk
+		Classify(ProtocolLlama, &Event{Data: []byte(tt.data)}, &c)
+		require.Equal(t, tt.want, c.Flags.String(), tt.data)
+	}
+	// A whole non-stream body: the same object, read once.
+	var c Chunk
+	ClassifyBody(ProtocolLlama, []byte(`{"content":"LoRA is","stop":true,"tokens_predicted":3,"tokens_evaluated":68,"tokens_cached":71,"timings":{"cache_n":60,"prompt_n":8,"prompt_ms":43.2}}`), &c)
+	require.Equal(t, "content|finish|usage|done|timing", c.Flags.String())
+	require.Equal(t, Usage{PromptTokens: 68, CompletionTokens: 3, CachedTokens: 60, ReasoningTokens: -1}, c.Usage)
+	require.Equal(t, "llama_completion", ProtocolLlama.String())
 }

@@ -100,11 +100,13 @@ func FuzzClassify(f *testing.F) {
 	}
 	f.Add("", []byte(`{"choices":[{"delta":{"content":"\\\"\u00e9"}}],"usage":{"prompt_tokens":1e400}}`))
 	f.Add("error", []byte(`{"type":"message_start","message":{"message":{"content":[[[{}]]]}}}`))
+	f.Add("", []byte(`{"content":"\u00e9","stop":true,"tokens_evaluated":1e400,"timings":{"cache_n":-1,"prompt_n":"8"}}`))
+	f.Add("", []byte(`{"stop":tr,"content":"x"}`))
 	f.Fuzz(func(t *testing.T, typ string, data []byte) {
 		const output = FlagRole | FlagReasoning | FlagContent | FlagToolCall | FlagFinish | FlagUsage | FlagTiming
 		ev := Event{Type: []byte(typ), Data: data}
 		var c Chunk
-		for proto := ProtocolUnknown; proto <= ProtocolMessages; proto++ {
+		for proto := ProtocolUnknown; proto < numProtocols; proto++ {
 			Classify(proto, &ev, &c)
 			if c.Flags&FlagUnparsed != 0 {
 				require.Zero(t, c.Flags&output, "%v: unparsed data with flags %v", proto, c.Flags)

@@ -15,6 +15,7 @@ var streamProtocols = map[string]Protocol{
 	"openai_chat.sse":         ProtocolChat,
 	"openai_tools.sse":        ProtocolChat,
 	"llamacpp_chat.sse":       ProtocolChat,
+	"llamacpp_completion.sse": ProtocolLlama,
 	"vllm_metrics.sse":        ProtocolChat,
 	"completions.sse":         ProtocolCompletions,
 	"responses.sse":           ProtocolResponses,
@@ -80,6 +81,7 @@ func TestAllocsClassifyBody(t *testing.T) {
 		{ProtocolResponses, `{"status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"x"}]}],"usage":{"input_tokens":1}}`},
 		{ProtocolMessages, `{"type":"message","content":[{"type":"text","text":"x"}],"stop_reason":"end_turn","usage":{"input_tokens":1}}`},
 		{ProtocolChat, `{"choices":[{"delta":{"content":"unterminated`},
+		{ProtocolLlama, `{"content":"x","stop":true,"tokens_predicted":3,"tokens_evaluated":9,"generation_settings":{"stop":[]},"timings":{"cache_n":1,"prompt_n":8,"prompt_ms":2.5,"predicted_ms":4}}`},
 	} {
 		body := []byte(tt.body)
 		allocs := testing.AllocsPerRun(50, func() { ClassifyBody(tt.proto, body, &c) })
@@ -103,7 +105,7 @@ func TestAllocsClassifyMalformed(t *testing.T) {
 		"\x00\xff{",
 	} {
 		ev := Event{Type: []byte("error"), Data: []byte(data)}
-		for proto := ProtocolUnknown; proto <= ProtocolMessages; proto++ {
+		for proto := ProtocolUnknown; proto < numProtocols; proto++ {
 			allocs := testing.AllocsPerRun(20, func() {
 				Classify(proto, &ev, &c)
 				ClassifyBody(proto, ev.Data, &c)
@@ -123,7 +125,7 @@ func FuzzAllocs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var c Chunk
 		p := NewParser(0)
-		for proto := ProtocolUnknown; proto <= ProtocolMessages; proto++ {
+		for proto := ProtocolUnknown; proto < numProtocols; proto++ {
 			parseAndClassify(p, proto, in, 7)
 			allocs := testing.AllocsPerRun(1, func() {
 				parseAndClassify(p, proto, in, 7)

@@ -24,6 +24,12 @@ func (u *Usage) Merge(v Usage) {
 	merge(&u.ReasoningTokens, v.ReasoningTokens)
 }
 
+func mergeMs(dst *float64, v float64) {
+	if v >= 0 {
+		*dst = v
+	}
+}
+
 func merge(dst *int64, v int64) {
 	if v >= 0 {
 		*dst = v
@@ -35,11 +41,28 @@ func merge(dst *int64, v int64) {
 type Timing struct {
 	QueueMs      float64 // time the request waited in the engine before it was scheduled
 	PrefillMs    float64 // time the engine spent on the prompt
-	CachedTokens int64   // prompt tokens the engine took from its cache
+	DecodeMs     float64 // time the engine spent generating after the prompt (llama.cpp predicted_ms)
+	InferenceMs  float64 // time from the engine's scheduling to its end, prompt and generation (TGI x-inference-time)
+	CachedTokens int64   // prompt tokens the engine took from its cache (llama.cpp cache_n)
+	PromptEval   int64   // prompt tokens the engine evaluated, cache hits excluded (llama.cpp prompt_n)
 }
 
-func unknownTiming() Timing {
-	return Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1}
+// UnknownTiming returns a Timing with nothing reported.
+func UnknownTiming() Timing {
+	return Timing{QueueMs: -1, PrefillMs: -1, DecodeMs: -1, InferenceMs: -1, CachedTokens: -1, PromptEval: -1}
+}
+
+func unknownTiming() Timing { return UnknownTiming() }
+
+// Merge overwrites each value of t with the one of v if v's is known: the
+// final event's timings are the request's whole ones.
+func (t *Timing) Merge(v Timing) {
+	mergeMs(&t.QueueMs, v.QueueMs)
+	mergeMs(&t.PrefillMs, v.PrefillMs)
+	mergeMs(&t.DecodeMs, v.DecodeMs)
+	mergeMs(&t.InferenceMs, v.InferenceMs)
+	merge(&t.CachedTokens, v.CachedTokens)
+	merge(&t.PromptEval, v.PromptEval)
 }
 
 // openaiUsage reads an OpenAI usage object. Chat and completions name the
@@ -125,7 +148,9 @@ func vllmMetrics(s *Scanner, c *Chunk) {
 }
 
 // llamaTimings reads llama.cpp's "timings" object: prompt_ms is the prompt
-// evaluation time and cache_n the prompt tokens reused from the slot's cache.
+// evaluation time, prompt_n the prompt tokens evaluated, cache_n the prompt
+// tokens reused from the slot's cache (prompt_n + cache_n is the prompt),
+// predicted_ms the generation time (llama.cpp tools/server/README.md).
 func llamaTimings(s *Scanner, c *Chunk) {
 	if !s.Object() {
 		return
@@ -135,6 +160,10 @@ func llamaTimings(s *Scanner, c *Chunk) {
 		switch string(k) {
 		case "prompt_ms":
 			c.Timing.PrefillMs = s.float()
+		case "prompt_n":
+			c.Timing.PromptEval = s.int()
+		case "predicted_ms":
+			c.Timing.DecodeMs = s.float()
 		case "cache_n":
 			c.Timing.CachedTokens = s.int()
 		default:

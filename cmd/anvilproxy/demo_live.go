@@ -167,7 +167,8 @@ func (s liveStatus) block(clockText string) []string {
 		p50 += fmt.Sprintf("%10s", msText(float64(ph.P50)))
 		p99 += fmt.Sprintf("%10s", msText(float64(ph.P99)))
 	}
-	recent := fmt.Sprintf("  %-13s%s req/s   cache hit %s of prompt tokens", window, rateText(s.Recent.Rate), pctText(float64(s.Recent.CacheHit)))
+	recent := fmt.Sprintf("  %-13s%s req/s   cache hit %s of prompt tokens, inferred %s", window, rateText(s.Recent.Rate),
+		pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Recent.CacheHitInferred)))
 	total := fmt.Sprintf("  %-13sgoodput %s (%s)   retry amplification %s", "since start", pctText(float64(s.Goodput)), sloText(s.SLOs), ampl(float64(s.Amplification)))
 	return []string{head, cols, p50, p99, recent, total}
 }
@@ -187,7 +188,8 @@ func (s liveStatus) line(clockText string) string {
 	for _, ph := range s.Recent.Phases {
 		fmt.Fprintf(&b, "  %s %s/%s", ph.Name, msText(float64(ph.P50)), msText(float64(ph.P99)))
 	}
-	fmt.Fprintf(&b, "  cache %s | since start: goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)), pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
+	fmt.Fprintf(&b, "  cache %s (inferred %s) | since start: goodput %s  retry %s", pctText(float64(s.Recent.CacheHit)),
+		pctText(float64(s.Recent.CacheHitInferred)), pctText(float64(s.Goodput)), ampl(float64(s.Amplification)))
 	return b.String()
 }
 

@@ -44,6 +44,7 @@ type serveFlags struct {
 	cfg           proxy.Config
 	histo         histo.Config
 	snapshot      snapshot.Config
+	engine        engineFlags
 	// sim configures the embedded engine of --upstream sim. It is not a
 	// flag: serve runs the calibrated default; demo and tests set it.
 	sim sim.Config
@@ -94,6 +95,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.baseline, "baseline", "", "snapshot file or directory (several joined with commas) the dashboard compares the window in progress against, as anvilproxy diff does (admin /diff)")
 	fs.Var(&f.slos, "slo", "latency objective for goodput, metric=duration with metric ttft, ttfo, tpot, e2e or queue; repeatable or comma-separated (e.g. --slo ttft=2s --slo tpot=50ms)")
 	fs.IntVar(&f.histo.EngineSlots, "engine-slots", 0, "a hint of the upstream engine's concurrent sequences for the queue/prefill split; 0: learn it from observation (evidence overrides a hint, with a warning)")
+	f.engine.register(fs)
 	fs.StringVar(&f.upstream, "upstream", embeddedUpstream, `inference server root URL, http(s)://host:port[/prefix], without the /v1 of its OpenAI base URL (the client's /v1/... path is appended); "sim" starts the simulated engine in-process on a loopback port`)
 	fs.DurationVar(&f.probeEvery, "upstream-probe-interval", defaultProbeEvery, "how often a TCP connect checks that the upstream is reachable, for /readyz (ready while the newest evidence, probe or traffic, is a success and younger than 3 intervals); 0 judges by traffic alone")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log level: debug, info, warn or error (one info line per request)")
@@ -246,6 +248,11 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		return nil, err
 	}
 	registerProxyStats(st.reg, st.proxy.Stats())
+	_, stopScraper, err := startEngineScraper(f.engine, cfg.Upstream, st.rec, st.reg, log)
+	if err != nil {
+		return nil, err
+	}
+	st.stops = append(st.stops, stopScraper)
 	st.startProbes(up, cfg)
 	if st.snaps, err = snapshot.NewWriter(f.snapshot, st.rec, st.reg, log); err != nil {
 		return nil, err

@@ -28,8 +28,9 @@ func runSim(args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	fmt.Fprintf(stderr, "anvilproxy sim: serving %s on http://%s (slots %d, prefill %.0f tok/s, decode %.0f tok/s)\n",
-		c.Model, ln.Addr(), c.Slots, c.PrefillTokensPerSec, c.DecodeTokensPerSec)
+	c = s.Config() // defaults and the engine's choices filled in
+	fmt.Fprintf(stderr, "anvilproxy sim: serving %s on http://%s (engine %s, slots %d, prefill %.0f tok/s, decode %.0f tok/s)\n",
+		c.Model, ln.Addr(), c.Engine, c.Slots, c.PrefillTokensPerSec, c.DecodeTokensPerSec)
 	hs := s.HTTPServer()
 	sigc := make(chan os.Signal, 1)
 	signal.Notify(sigc, syscall.SIGTERM, syscall.SIGINT)

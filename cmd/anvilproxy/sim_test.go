@@ -89,3 +89,36 @@ func TestSimFlagsDefaultsAndLengths(t *testing.T) {
 	_, _, err = parseSimFlags([]string{"--lengths", "20,x"}, io.Discard)
 	require.Error(t, err)
 }
+
+// TestSimFlagsEngine: --engine sets the engine-specific defaults, which a
+// flag of their own still overrides; a bad name is a flag error.
+func TestSimFlagsEngine(t *testing.T) {
+	c, _, err := parseSimFlags([]string{"--engine", "llamacpp", "--slots", "2", "--head", "admission",
+		"--kv-cache-tokens", "5000", "--switch-cost", "20ms"}, io.Discard)
+	require.NoError(t, err)
+	s, err := sim.New(c)
+	require.NoError(t, err)
+	got := s.Config()
+	require.Equal(t, sim.EngineLlamaCpp, got.Engine)
+	require.Equal(t, sim.CacheSlot, got.Cache)
+	require.Equal(t, sim.ReleaseStreamEnd, got.Release)
+	require.Equal(t, sim.HeadAdmission, got.Head, "the flag overrides the engine's slot-start")
+	require.Equal(t, sim.TimingLlamaCpp, got.Timings)
+	require.Equal(t, sim.AbandonBatch, got.Abandon)
+	require.Equal(t, sim.MetricsLlamaCpp, got.Metrics)
+	require.Equal(t, 20*time.Millisecond, got.SwitchCost)
+	require.Equal(t, 5000, got.KVCacheTokens)
+	require.Equal(t, 2, got.Slots)
+
+	c, _, err = parseSimFlags([]string{"--engine", "ollama"}, io.Discard)
+	require.NoError(t, err)
+	s, err = sim.New(c)
+	require.NoError(t, err)
+	require.Equal(t, sim.HeadFirstOutput, s.Config().Head)
+	require.True(t, s.Config().UnreportedCache, "ollama reports no cached tokens")
+
+	for _, bad := range [][]string{{"--engine", "tgi"}, {"--head", "late"}, {"--abandon", "never"}, {"--metrics", "json"}} {
+		_, _, err := parseSimFlags(bad, io.Discard)
+		require.Error(t, err, "%v", bad)
+	}
+}

@@ -54,6 +54,11 @@ type recentStats struct {
 	Rate      histo.Float  `json:"rate"` // completed requests per second
 	Phases    []phaseStats `json:"phases"`
 	CacheHit  histo.Float  `json:"cache_hit"` // cached / prompt tokens, token-weighted; null when no engine reported
+	// CacheHitInferred is the proxy's own estimate from prefill times
+	// (histo's cache_inferred_tokens over the prompt tokens of the requests
+	// that have one), never mixed with CacheHit; null before the cold
+	// prefill rate is learned.
+	CacheHitInferred histo.Float `json:"cache_hit_inferred"`
 }
 
 type phaseStats struct {
@@ -118,7 +123,7 @@ func (st *stack) status(now time.Time) liveStatus {
 func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentStats {
 	r := recentStats{Seconds: span.Seconds(), Truncated: len(recs) == recentLimit}
 	var vals [len(livePhases)][]float64
-	var cached, prompt int64
+	var cached, prompt, inferred, inferable int64
 	for _, rq := range recs {
 		end := rq.Start
 		if rq.E2E.Known() {
@@ -141,6 +146,10 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 			cached += int64(rq.CachedTokens)
 			prompt += int64(rq.PromptTokens)
 		}
+		if rq.PromptTokens > 0 && rq.CacheInferredTokens >= 0 {
+			inferred += int64(rq.CacheInferredTokens)
+			inferable += int64(rq.PromptTokens)
+		}
 	}
 	r.Rate = histo.Float(math.NaN())
 	if span > 0 {
@@ -149,18 +158,23 @@ func recentOf(recs []histo.Request, now time.Time, span time.Duration) recentSta
 	for i, v := range vals {
 		r.Phases = append(r.Phases, phaseStats{Name: livePhases[i], P50: histo.Float(nearestRank(v, 50)), P99: histo.Float(nearestRank(v, 99))})
 	}
-	r.CacheHit = histo.Float(math.NaN())
-	if prompt > 0 {
-		r.CacheHit = histo.Float(float64(cached) / float64(prompt))
-	}
+	r.CacheHit, r.CacheHitInferred = ratio(cached, prompt), ratio(inferred, inferable)
 	return r
+}
+
+// ratio is part/whole, NaN (null) without a whole.
+func ratio(part, whole int64) histo.Float {
+	if whole <= 0 {
+		return histo.Float(math.NaN())
+	}
+	return histo.Float(float64(part) / float64(whole))
 }
 
 // inferenceRoute reports whether a /requests record is of an inference
 // route; the others (models, other, …) have no phases.
 func inferenceRoute(route string) bool {
 	switch route {
-	case "chat", "completions", "responses", "messages":
+	case "chat", "completions", "responses", "messages", "llama_completion":
 		return true
 	}
 	return false

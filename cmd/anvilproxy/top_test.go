@@ -66,7 +66,7 @@ func TestTopAgainstARunningProxy(t *testing.T) {
 	require.Regexp(t, `^  last \d+s +queue   prefill      ttfo      ttft      tpot$`, lines[1])
 	require.Regexp(t, `^  p50 ms  `, lines[2])
 	require.Regexp(t, `^  p99 ms  `, lines[3])
-	require.Regexp(t, `^  last \d+s +\d+\.\d req/s   cache hit \S+ of prompt tokens$`, lines[4])
+	require.Regexp(t, `^  last \d+s +\d+\.\d req/s   cache hit \S+ of prompt tokens, inferred \S+$`, lines[4])
 	require.Regexp(t, `^  since start  goodput 100\.0% \(no SLO: requests that did not fail\)   retry amplification 3\.00x$`, lines[5])
 	require.Regexp(t, `^  upstream  ready: upstream reachable \S+ ago  \(http://127\.0\.0\.1:\d+\)$`, lines[6])
 

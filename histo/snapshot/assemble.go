@@ -57,8 +57,9 @@ type part struct {
 	ledger        *histo.LedgerSection
 	concurrency   *histo.ConcurrencySection
 	quality       *selfcheck.Section
-	cache         *histo.CacheSection // nil: unknown (a benchmark file, an older proxy)
-	slots         *histo.SlotsSection // nil: unknown
+	cache         *histo.CacheSection  // nil: unknown (a benchmark file, an older proxy)
+	slots         *histo.SlotsSection  // nil: unknown
+	engine        *histo.EngineSection // nil: no scraper, or a file without one
 
 	queueSources map[string]int64
 	clamped      map[string]int64

@@ -73,6 +73,7 @@ func windowPart(w *histo.Window, pm PrefillModel) *part {
 		quality:       w.Quality,
 		cache:         w.Cache,
 		slots:         w.Slots,
+		engine:        w.Engine,
 		queueSources:  make(map[string]int64, len(w.QueueSources)),
 		clamped:       make(map[string]int64, histo.NumMetrics),
 		dropped:       w.Dropped,
@@ -124,6 +125,11 @@ func timingOf(rq *histo.Request) Timing {
 	t.CacheInferredTokens = rq.CacheInferredTokens
 	t.CachedTokens = rq.CachedTokens
 	t.ContentChunks = histo.Count(rq.ContentChunks)
+	t.EngineCachedTokens = rq.Engine.CachedTokens
+	t.EngineDecodeMs = ms(rq.Engine.Decode)
+	t.EnginePrefillMs = ms(rq.Engine.Prefill)
+	t.EngineQueueMs = ms(rq.Engine.Queue)
+	t.EngineWaitingAtAdmit = rq.Engine.WaitingAtAdmit
 	t.Model = str(rq.Model)
 	t.OutputTokenSource = str(rq.OutputTokenSource)
 	t.PrefixReuse = Num(rq.PrefixReuse)

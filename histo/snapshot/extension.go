@@ -42,6 +42,11 @@ type Extension struct {
 	// are in the histograms, counts and goodput but not in request_timings
 	// or failures.
 	DroppedRecords int64 `json:"dropped_records"`
+	// Engine is histo.EngineSection: the engine's own /metrics as last
+	// scraped (its running and waiting counts, KV cache) and the agreement
+	// of its token and prefill totals with the proxy's (docs/engines.md);
+	// null without a scraper and in files that have none.
+	Engine json.RawMessage `json:"engine"`
 	// EngineSlots is histo.SlotsSection: the engine's slot count behind
 	// queue_source "occupancy" when the latest window ended, the
 	// --engine-slots hint and whether the evidence contradicted it; null
@@ -207,13 +212,22 @@ func (pop *population) sections(ext *Extension) error {
 	var errs [8]error
 	caches := make([]*histo.CacheSection, n)
 	var slots *histo.SlotsSection
-	var latest int64
+	var eng *histo.EngineSection
+	var latest, latestEngine int64
 	for i, p := range pop.parts {
 		caches[i] = p.cache
 		if p.slots != nil && (slots == nil || p.end >= latest) {
 			slots, latest = p.slots, p.end
 		}
+		if p.engine != nil && (eng == nil || p.end >= latestEngine) {
+			eng, latestEngine = p.engine, p.end
+		}
 	}
+	if eng != nil && float64(eng.PromptRatio) > 1.2 {
+		ext.Notes = append(ext.Notes, fmt.Sprintf("the engine's /metrics counted %.2f× the prompt tokens this proxy relayed (engine.prompt_tokens_ratio): other front doors share the engine, which the occupancy split cannot see; the engine's own counts are its evidence", float64(eng.PromptRatio)))
+	}
+	var engErr error
+	ext.Engine, engErr = rawSection(eng)
 	cache := histo.MergeCache(caches...)
 	ext.Notes = append(ext.Notes, cacheNotes(cache)...)
 	if slots != nil && (slots.State == histo.SlotsHintLow || slots.State == histo.SlotsHintHigh) {
@@ -227,7 +241,7 @@ func (pop *population) sections(ext *Extension) error {
 	ext.PromptLedger, errs[3] = rawSection(histo.MergeLedger(ledgers...))
 	ext.Concurrency, errs[4] = rawSection(histo.MergeConcurrency(levels...))
 	ext.MeasurementQuality, errs[5] = rawSection(q)
-	return errors.Join(errs[:]...)
+	return errors.Join(append(errs[:], engErr)...)
 }
 
 // cacheNotes says what a reader of the cache figures must know.

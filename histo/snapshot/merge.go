@@ -99,13 +99,15 @@ func (p *part) sections(ext *Extension) error {
 	var errs [8]error
 	p.cache, errs[6] = section[histo.CacheSection](ext.Cache, "cache")
 	p.slots, errs[7] = section[histo.SlotsSection](ext.EngineSlots, "engine_slots")
+	var engErr error
+	p.engine, engErr = section[histo.EngineSection](ext.Engine, "engine")
 	p.prefix, errs[0] = section[histo.PrefixSection](ext.Prefix, "prefix")
 	p.retry, errs[1] = section[histo.RetrySection](ext.Retry, "retry")
 	p.conversations, errs[2] = section[histo.ConversationsSection](ext.Conversations, "conversations")
 	p.ledger, errs[3] = section[histo.LedgerSection](ext.PromptLedger, "prompt_ledger")
 	p.concurrency, errs[4] = section[histo.ConcurrencySection](ext.Concurrency, "concurrency")
 	p.quality, errs[5] = section[selfcheck.Section](ext.MeasurementQuality, "measurement_quality")
-	return errors.Join(errs[:]...)
+	return errors.Join(append(errs[:], engErr)...)
 }
 
 func section[T any](raw json.RawMessage, key string) (*T, error) {

@@ -69,7 +69,7 @@ func TestReportWords(t *testing.T) {
 		prompt += int64(tm.PromptTokens)
 		sum += float64(tm.CachedTokens) / float64(tm.PromptTokens)
 	}
-	require.Contains(t, text, fmt.Sprintf("cache hit   engine-reported %.1f%% of prompt tokens (token-weighted over 21 requests; mean of per-request ratios %.1f%%); inferred from prefill time -\n",
+	require.Contains(t, text, fmt.Sprintf("cache hit   engine-reported %.1f%% of prompt tokens (token-weighted over 21 requests; mean of per-request ratios %.1f%%); inferred from prefill time ",
 		100*float64(cached)/float64(prompt), 100*sum/21))
 }
 

@@ -95,6 +95,10 @@ type result struct {
 	// work the engine finished anyway (Config.Abandon).
 	abandoned time.Duration
 	released  time.Time // the slot was let go; zero until then
+	// locked is set while its prefill holds the engine's lock
+	// (LockPrefill): from its slot start to its first token, or to the end
+	// of an abandoned prefill's run-on.
+	locked bool
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -187,58 +191,69 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 		}
 	}
 	defer letGo()
-	admitted := time.Now()
-	res.admitted, res.slot = admitted, t.slot
-	res.queue = admitted.Sub(j.arrived)
+	res.admitted, res.slot = time.Now(), t.slot
+	s.mu.Lock()
+	res.locked, t.locked = t.locked, false // the lock passes to its prefill
+	s.mu.Unlock()
+	defer s.unlockPrefill(res) // a request that fails before its prefill gives it back
+	res.queue = res.admitted.Sub(j.arrived)
 	if s.cfg.Head == HeadSlotStart {
 		out.head(res)
 	}
 
+	if err := s.startPrompt(ctx, timer, j, res, t.slot); err != nil {
+		return res, err
+	}
+	if err := out.start(res); err != nil {
+		return res, s.abort(j, res, PhaseDecode)
+	}
+	if err := s.decode(ctx, timer, j, res, out, res.firstToken); err != nil {
+		return res, err
+	}
+	return res, s.end(ctx, timer, j, res, out, letGo)
+}
+
+// startPrompt takes res from slot start to its first token on slot k: the
+// cache lookup and any work before the prefill, then the prefill.
+func (s *Server) startPrompt(ctx context.Context, timer *time.Timer, j *job, res *result, k int) error {
 	res.promptTokens = j.promptTokens
 	s.mu.Lock()
-	work := s.prePrefill(t.slot, j.hashes, res)
+	work := s.prePrefill(k, j.hashes, res)
 	s.stats.PromptTokens += int64(res.promptTokens)
 	s.stats.CachedTokens += int64(res.cachedTokens)
 	s.mu.Unlock()
 
-	res.prefillStart = admitted.Add(work)
-	if err := s.prefill(ctx, timer, j, res, t.slot, res.prefillStart); err != nil {
-		return res, err
+	res.prefillStart = res.admitted.Add(work)
+	if err := s.prefill(ctx, timer, j, res, k, res.prefillStart); err != nil {
+		return err
 	}
-	start := time.Now()
-	res.firstToken = start
-	res.prefill = start.Sub(res.prefillStart)
+	res.firstToken = time.Now()
+	res.prefill = res.firstToken.Sub(res.prefillStart)
 	s.mu.Lock()
-	s.keep(t.slot, j.hashes)
+	s.keep(k, j.hashes)
 	s.counters.countPrefill(res)
 	s.mu.Unlock()
+	return nil
+}
 
-	if err := out.start(res); err != nil {
-		return res, s.abort(j, res, PhaseDecode)
-	}
-	if err := s.decode(ctx, timer, j, res, out, start); err != nil {
-		return res, err
-	}
-	if s.cfg.Release == ReleaseStreamEnd {
-		// The end-of-sequence token takes a decode step of its own; then
-		// the final chunk goes out and only then is the slot let go.
-		if !j.limited {
-			if err := sleepUntil(ctx, timer, res.lastToken.Add(s.step(j))); err != nil {
-				return res, s.abort(j, res, PhaseDecode)
-			}
-		}
-		err := out.end(res)
+// end writes what follows the last output event and lets the slot go
+// (letGo), in Config.Release's order: vLLM frees the slot first; llama.cpp
+// and ollama write the final chunk first, after the end-of-sequence
+// token's own decode step when the answer stopped by itself.
+func (s *Server) end(ctx context.Context, timer *time.Timer, j *job, res *result, out output, letGo func()) error {
+	if s.cfg.Release == ReleaseLastToken {
 		letGo()
-		if err != nil {
-			return res, s.abort(j, res, PhaseDecode)
+	} else if !j.limited {
+		if err := sleepUntil(ctx, timer, res.lastToken.Add(s.step(j))); err != nil {
+			return s.abort(j, res, PhaseDecode)
 		}
-		return res, nil
 	}
+	err := out.end(res)
 	letGo()
-	if err := out.end(res); err != nil {
-		return res, s.abort(j, res, PhaseDecode)
+	if err != nil {
+		return s.abort(j, res, PhaseDecode)
 	}
-	return res, nil
+	return nil
 }
 
 // step is the time of one decode step of j: one token at the decode rate,

@@ -72,6 +72,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 			fmt.Sprintf("sim: prompt and completion (%d tokens) exceed the KV cache (%d tokens)", kv, s.cfg.KVCacheTokens))
 		return
 	}
+	s.jitterArrival()
 	t, ok := s.enqueue(j.hashes, kv)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
@@ -219,4 +220,16 @@ func (o *streamOutput) token(res *result, d delta) error { return o.p.delta(o.e,
 func (o *streamOutput) end(res *result) error {
 	o.head(res)
 	return o.p.close(o.e, res)
+}
+
+// jitterArrival waits a random time below Config.ArrivalJitter, so that
+// requests arriving within it reach the queue in random order.
+func (s *Server) jitterArrival() {
+	if s.cfg.ArrivalJitter <= 0 {
+		return
+	}
+	s.mu.Lock()
+	d := time.Duration(s.jitter.Int64N(int64(s.cfg.ArrivalJitter)))
+	s.mu.Unlock()
+	time.Sleep(d)
 }

@@ -147,6 +147,7 @@ func TestNewValidation(t *testing.T) {
 		{Release: -1},
 		{Head: 4},
 		{Abandon: 9},
+		{BatchLock: 9},
 		{BatchTokens: -1},
 		{NaturalLengths: []int{}},
 		{NaturalLengths: []int{300, 0}},
@@ -158,7 +159,7 @@ func TestNewValidation(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Config{
 		Model: DefaultModel, Cache: CacheShared, Release: ReleaseLastToken, Head: HeadAdmission, Timings: TimingNone, Slots: 4,
-		Abandon: AbandonStop, BatchTokens: 2048, SwitchCost: -1, Metrics: MetricsVLLM, MaxQueue: 64, PrefillTokensPerSec: 7700,
+		Abandon: AbandonStop, BatchLock: LockNone, BatchTokens: 2048, SwitchCost: -1, Metrics: MetricsVLLM, MaxQueue: 64, PrefillTokensPerSec: 7700,
 		DecodeTokensPerSec: 235, TokensPerEvent: 5, BytesPerToken: 4, DefaultMaxTokens: 256,
 		ReasoningShare: 0.5, CacheBlockTokens: 16, CacheBlocks: 1 << 16,
 		NaturalLengths: ReferenceLengths, KeepAliveTimeout: 5 * time.Second,

@@ -8,20 +8,20 @@ import (
 
 // Engine is the real engine the simulator behaves like: it chooses the
 // defaults of the scheduling, response-head, release, cache and reporting
-// knobs left at their zero value (/work/shared/research/real-engines.md,
-// "Where a request's time goes inside the engine"; docs/engines.md).
+// knobs left at their zero value (docs/engines.md: each engine's behaviour
+// and its sources).
 //
-//	knob      vllm (zero value)  llamacpp          ollama
-//	Cache     shared blocks      per slot          per slot
-//	Release   last token         stream end        stream end
-//	Head      admission          slot start        first output
-//	Head      admission          slot start        first output
-//	Timings   none               llamacpp          none
-//	Abandon   stop               batch (2,048)     whole prompt
-//	SwitchCost no RAM cache      15 ms             no RAM cache
-//	ContextSlowdown 0            0.1 per 1k        0.1 per 1k
-//	Metrics   vllm:…             llamacpp:…        none (404)
-//	cached    reported           reported          never reported
+//	knob             vllm (zero value)  llamacpp           ollama
+//	Cache            shared blocks      per slot           per slot
+//	Release          last token         stream end         stream end
+//	Head             admission          slot start         first output
+//	Timings          none               llamacpp           none
+//	Abandon          stop               batch (2,048)      whole prompt
+//	BatchLock        none               none               prefill
+//	SwitchCost       no RAM cache       15 ms              no RAM cache
+//	ContextSlowdown  none               0.1 per 1k         0.1 per 1k
+//	Metrics          vllm:…             llamacpp:…         none (404)
+//	cached tokens    reported           reported           never reported
 type Engine int
 
 const (
@@ -170,6 +170,7 @@ type persona struct {
 	head       HeadMode
 	timings    TimingMode
 	abandon    AbandonMode
+	lock       LockMode
 	switchCost time.Duration
 	slowdown   float64
 	metrics    MetricsForm
@@ -180,13 +181,13 @@ func (e Engine) persona() persona {
 	switch e {
 	case EngineLlamaCpp:
 		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadSlotStart, timings: TimingLlamaCpp,
-			abandon: AbandonBatch, switchCost: 15 * time.Millisecond, slowdown: 0.1, metrics: MetricsLlamaCpp}
+			abandon: AbandonBatch, lock: LockNone, switchCost: 15 * time.Millisecond, slowdown: 0.1, metrics: MetricsLlamaCpp}
 	case EngineOllama:
 		return persona{cache: CacheSlot, release: ReleaseStreamEnd, head: HeadFirstOutput, timings: TimingNone,
-			abandon: AbandonPrompt, switchCost: -1, slowdown: 0.1, metrics: MetricsNone, hideCached: true}
+			abandon: AbandonPrompt, lock: LockPrefill, switchCost: -1, slowdown: 0.1, metrics: MetricsNone, hideCached: true}
 	}
 	return persona{cache: CacheShared, release: ReleaseLastToken, head: HeadAdmission, timings: TimingNone,
-		abandon: AbandonStop, switchCost: -1, metrics: MetricsVLLM}
+		abandon: AbandonStop, lock: LockNone, switchCost: -1, metrics: MetricsVLLM}
 }
 
 // applyPersona fills the knobs left at their zero value from c.Engine.
@@ -195,7 +196,8 @@ func applyPersona(c *Config) error {
 		return fmt.Errorf("sim: unknown Engine %d", int(c.Engine))
 	}
 	if !cacheNames.valid(c.Cache) || !releaseNames.valid(c.Release) || !headNames.valid(c.Head) ||
-		!timingNames.valid(c.Timings) || !abandonNames.valid(c.Abandon) || !metricsNames.valid(c.Metrics) {
+		!timingNames.valid(c.Timings) || !abandonNames.valid(c.Abandon) || !metricsNames.valid(c.Metrics) ||
+		!lockNames.valid(c.BatchLock) {
 		return fmt.Errorf("sim: unknown Cache %d, Release %d, Head %d, Timings %d or Abandon %d",
 			int(c.Cache), int(c.Release), int(c.Head), int(c.Timings), int(c.Abandon))
 	}
@@ -214,6 +216,9 @@ func applyPersona(c *Config) error {
 	}
 	if c.Abandon == AbandonAuto {
 		c.Abandon = p.abandon
+	}
+	if c.BatchLock == LockAuto {
+		c.BatchLock = p.lock
 	}
 	if c.SwitchCost == 0 {
 		c.SwitchCost = p.switchCost

@@ -35,6 +35,53 @@ func (m *AbandonMode) UnmarshalText(b []byte) error {
 	return abandonNames.parse("abandon mode", b, m)
 }
 
+// LockMode is whether a slot can start while another request's prefill is
+// computing.
+type LockMode int
+
+const (
+	// LockAuto is the Engine's choice.
+	LockAuto LockMode = iota
+	// LockNone starts a request on a free slot at once, whatever the other
+	// slots do (vLLM's scheduler admits between steps; llama-server's
+	// slots are taken in its loop between batches of a few ms).
+	LockNone
+	// LockPrefill holds one engine lock for the whole prefill in progress:
+	// a request finds its free slot only when every prefill under way has
+	// ended, and all the requests waiting then take theirs together. It is
+	// ollama's llamarunner, whose processBatch holds the runner mutex for
+	// the llama_decode of a batch (≤ 512 tokens: a prompt that size is one
+	// batch) that its completion handler needs to take a slot
+	// (/work/wt/realengine-findings.md: three requests of a burst on four
+	// free slots waited 1.1 s for the first one's prefill). The sim holds
+	// it for the whole prefill, whatever its length.
+	LockPrefill
+)
+
+var lockNames = enumText[LockMode]{"auto", "none", "prefill"}
+
+// String returns "auto", "none" or "prefill".
+func (m LockMode) String() string { return lockNames.text(m) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (m LockMode) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler (flag.TextVar).
+func (m *LockMode) UnmarshalText(b []byte) error { return lockNames.parse("lock mode", b, m) }
+
+// unlockPrefill ends a prefill that held the engine's lock (BatchLock
+// LockPrefill) and hands the free slots to the queue.
+func (s *Server) unlockPrefill(res *result) {
+	if !res.locked {
+		return
+	}
+	res.locked = false
+	s.mu.Lock()
+	s.prefilling--
+	s.dispatch()
+	s.mu.Unlock()
+}
+
 // prefillTime is how long the first n of res's new prompt tokens take to
 // prefill: the fixed overhead, then per token 1/PrefillTokensPerSec grown
 // by Config.ContextSlowdown for every 1,000 tokens of context it attends
@@ -128,6 +175,7 @@ func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time) {
 // errClientGone.
 func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *result, k int, start time.Time) error {
 	fresh := res.promptTokens - res.cachedTokens
+	defer s.unlockPrefill(res) // an abandoned prefill holds the lock while it runs on
 	if sleepUntil(ctx, timer, start.Add(s.prefillTime(j, res, fresh))) != nil {
 		err := s.abort(j, res, PhasePrefill)
 		s.runOn(j, res, k, start)

@@ -98,7 +98,10 @@ func (s *Server) newMetricsHandler() http.Handler {
 	case MetricsLlamaCpp:
 		s.registerLlamaCpp(reg)
 	}
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	// Uncompressed whatever the client accepts, as llama-server answers: a
+	// proxy in front forwards the bytes it counts. (vLLM's
+	// prometheus_client app may gzip; a scraper's HTTP client undoes that.)
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true})
 }
 
 type metricFunc struct {

@@ -175,3 +175,21 @@ func TestMetricsNone(t *testing.T) {
 		require.Equal(t, http.StatusNotFound, resp.StatusCode)
 	})
 }
+
+// TestMetricsUncompressed: /metrics is plain text even to a client that
+// accepts gzip, so a proxy's byte count is the body's.
+func TestMetricsUncompressed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := startVirtual(t, fast())
+		req, err := http.NewRequest(http.MethodGet, "http://sim/metrics", nil)
+		require.NoError(t, err)
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := v.client.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Empty(t, resp.Header.Get("Content-Encoding"))
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Contains(t, string(b), "# TYPE vllm:num_requests_running gauge")
+	})
+}

@@ -21,7 +21,8 @@ type ticket struct {
 	ready  chan struct{} // closed when granted
 	// Guarded by Server.mu:
 	granted bool
-	slot    int // valid once granted
+	locked  bool // it took the prefill lock with its slot (LockPrefill)
+	slot    int  // valid once granted
 }
 
 // enqueue puts a request with prompt block hashes in the queue and grants
@@ -42,6 +43,9 @@ func (s *Server) enqueue(hashes []uint64, kv int) (*ticket, bool) {
 // dispatch grants free slots to the head of the queue, in FIFO order, while
 // both last. The caller holds s.mu.
 func (s *Server) dispatch() {
+	if s.cfg.BatchLock == LockPrefill && s.prefilling > 0 {
+		return // the engine's lock is held by a prefill: no slot can be taken
+	}
 	for len(s.queue) > 0 {
 		t := s.queue[0]
 		k := s.pickSlot(t.hashes)
@@ -57,6 +61,12 @@ func (s *Server) dispatch() {
 		s.kvUsed += t.kv
 		s.active++
 		t.granted, t.slot = true, k
+		if s.cfg.BatchLock == LockPrefill {
+			// Every request granted in this pass starts its prefill now,
+			// together; the next waits until they all end.
+			s.prefilling++
+			t.locked = true
+		}
 		close(t.ready)
 	}
 }
@@ -109,6 +119,10 @@ func (s *Server) wait(ctx context.Context, t *ticket) error {
 	}
 	s.mu.Lock()
 	if t.granted {
+		if t.locked {
+			t.locked = false
+			s.prefilling-- // it leaves before its prefill began
+		}
 		s.mu.Unlock()
 		s.release(t.slot)
 		return ctx.Err()

@@ -20,9 +20,8 @@
 // Engine personas (Config.Engine; persona.go): the zero value behaves as
 // vLLM; EngineLlamaCpp and EngineOllama behave as llama.cpp's llama-server
 // and ollama where their scheduling and reporting differ (measured against
-// both, /work/shared/research/real-engines.md "Where a request's time goes
-// inside the engine"). Each difference is a knob of its own, which the
-// persona only defaults.
+// both and read in their sources; docs/engines.md has the table per engine).
+// Each difference is a knob of its own, which the persona only defaults.
 //
 // Timing model, per request:
 //
@@ -108,9 +107,9 @@
 // The engine records the truth of every request it admitted — its true
 // queue wait, the slot it held, the work before its prefill, prefill
 // time, the cached tokens it used, when its head left, its last token, the
-// instant its slot was let go and how long an abandoned prefill ran on — for in-process
-// tests to compare with what a proxy inferred (Server.Truth); none of it is
-// sent to the client.
+// instant its slot was let go and how long an abandoned prefill ran on —
+// for in-process tests to compare with what a proxy inferred
+// (Server.Truth); none of it is sent to the client.
 //
 // llama.cpp's native POST /completion (alias /completions) takes "prompt",
 // "n_predict" and "stream" and answers as llama-server does: a stream of
@@ -203,6 +202,19 @@ type Config struct {
 	// (vLLM), finish its BatchTokens batch (llama.cpp) or the whole prompt
 	// (ollama) before the slot is free. The zero value is the Engine's.
 	Abandon AbandonMode
+	// BatchLock is whether a slot can start while another request's
+	// prefill computes: LockNone (vLLM, llama.cpp), or LockPrefill
+	// (ollama's llamarunner holds its mutex for a prefill batch, and a
+	// request needs it to take its free slot). The zero value is the
+	// Engine's.
+	BatchLock LockMode
+	// ArrivalJitter makes requests that arrive within it of each other
+	// reach the FIFO queue in random order, as ollama's server handlers
+	// reach its semaphore (7 requests sent within 1 ms queued in an order
+	// unrelated to their sending): each request waits a random time below
+	// it (from Seed) before it is enqueued, counted as queue in its Truth.
+	// 0 means none.
+	ArrivalJitter time.Duration
 	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
 	// n_batch. 0 means 2048.
 	BatchTokens int
@@ -370,10 +382,14 @@ type Server struct {
 	attempts map[uint64]int
 	fail     *rand.Rand
 	trunc    *rand.Rand
-	stats    Stats
-	truths   *truths
-	counters engineCounters
-	kvUsed   int // KV tokens reserved by the requests holding slots
+	jitter   *rand.Rand // ArrivalJitter's draws
+	// prefilling counts the prefills holding the engine's lock
+	// (LockPrefill).
+	prefilling int
+	stats      Stats
+	truths     *truths
+	counters   engineCounters
+	kvUsed     int // KV tokens reserved by the requests holding slots
 
 	metrics http.Handler    // GET /metrics in Config.Metrics form
 	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
@@ -393,6 +409,7 @@ func New(cfg Config) (*Server, error) {
 		attempts: make(map[uint64]int),
 		fail:     rand.New(rand.NewPCG(uint64(cfg.Seed), 0x5eed)),
 		trunc:    rand.New(rand.NewPCG(uint64(cfg.Seed), 0x7256)),
+		jitter:   rand.New(rand.NewPCG(uint64(cfg.Seed), 0x717e)),
 		truths:   newTruths(),
 		slots:    make([]slot, cfg.Slots),
 	}

@@ -213,3 +213,91 @@ func TestReportCachedKnob(t *testing.T) {
 		require.Equal(t, 336, tr.CachedTokens, "the cache served it either way")
 	}
 }
+
+// TestTruthInvariants runs three conversations' turns and a client that
+// leaves mid-prefill against two llama.cpp slots, all at once, and holds
+// every record to the identities a test of the split relies on: the spans
+// add up, a slot serves one request at a time, and a request that waited
+// got its slot at the instant another let that slot go.
+func TestTruthInvariants(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Engine = EngineLlamaCpp
+		cfg.Slots = 2
+		cfg.PrefillTokensPerSec = 20000
+		v := startVirtual(t, cfg)
+		var wg sync.WaitGroup
+		var ids []string
+		for turn := 1; turn <= 3; turn++ {
+			// A client that takes a slot, then leaves during its prefill.
+			ctx, leave := context.WithCancel(context.Background())
+			gone := fmt.Sprintf("gone%d", turn)
+			ids = append(ids, gone)
+			v.hold(t, ctx, longPrompt(gone, 3000, true), "X-Request-Id", gone)
+			for _, key := range []string{"a", "b", "c"} {
+				id := fmt.Sprintf("%s%d", key, turn)
+				ids = append(ids, id)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					body := convBody(key, turn)
+					body["stream"] = true
+					resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", id)
+					io.Copy(io.Discard, resp.Body)
+				}()
+				synctest.Wait()
+			}
+			time.Sleep(5 * time.Millisecond)
+			leave()
+		}
+		wg.Wait()
+		synctest.Wait()
+		time.Sleep(time.Second) // the abandoned prefills end
+		synctest.Wait()
+
+		trs := make([]Truth, len(ids))
+		for i, id := range ids {
+			tr := truthOf(t, v.s, id)
+			trs[i] = tr
+			if tr.Admitted.IsZero() { // left the queue
+				require.Equal(t, OutcomeAborted, tr.Outcome, id)
+				require.Equal(t, -1, tr.Slot, id)
+				require.Equal(t, tr.Finished.Sub(tr.Arrived), tr.Queue, id)
+				continue
+			}
+			require.False(t, tr.Admitted.Before(tr.Arrived), id)
+			require.Equal(t, tr.Admitted.Sub(tr.Arrived), tr.Queue, id)
+			require.Equal(t, tr.Admitted.Add(tr.PrePrefill), tr.PrefillStart, id)
+			require.False(t, tr.Released.Before(tr.Admitted), id)
+			require.Equal(t, tr.Released, tr.Finished, id)
+			if tr.Outcome == OutcomeCompleted {
+				require.Equal(t, tr.PrefillStart.Add(tr.Prefill), tr.FirstToken, id)
+				require.False(t, tr.Released.Before(tr.LastToken), id)
+				require.False(t, tr.Head.After(tr.FirstToken), id)
+			} else {
+				require.Equal(t, OutcomeAborted, tr.Outcome, id)
+				require.Equal(t, tr.Left.Add(tr.Abandoned), tr.Released, id)
+			}
+		}
+		abandoned := 0
+		for i, tr := range trs {
+			if tr.Abandoned > 0 {
+				abandoned++
+			}
+			if tr.Admitted.IsZero() {
+				continue
+			}
+			handedOver := tr.Queue == 0
+			for j, o := range trs {
+				if i == j || o.Slot != tr.Slot {
+					continue
+				}
+				overlap := o.Admitted.Before(tr.Released) && tr.Admitted.Before(o.Released)
+				require.False(t, overlap, "%s and %s share slot %d", ids[i], ids[j], tr.Slot)
+				handedOver = handedOver || o.Released.Equal(tr.Admitted)
+			}
+			require.True(t, handedOver, "%s waited %v and got slot %d when it was let go", ids[i], tr.Queue, tr.Slot)
+		}
+		require.Positive(t, abandoned, "some prefill ran on for nobody")
+	})
+}

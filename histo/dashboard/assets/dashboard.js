@@ -90,7 +90,7 @@
     if (r.status === 429 || r.status === 503) return "refused";
     return "errors";
   }
-  const INFERENCE = new Set(["chat", "completions", "responses", "messages"]);
+  const INFERENCE = new Set(["chat", "completions", "responses", "messages", "llama_completion"]);
   const isInference = (r) => INFERENCE.has(r.route);
 
   // countsText is "168 requests, 16 failed (11 abandoned, 5 refused)" over
@@ -108,8 +108,29 @@
     return events.slice().sort((a, b) => Date.parse(a.at) - Date.parse(b.at)).slice(-max);
   }
 
+  // engineView reads the snapshot's engine section (docs/engines.md): the
+  // engine's own running and waiting counts and its token and prefill
+  // totals against the proxy's, engine ÷ proxy (1.00× when the proxy sees
+  // all of the engine's traffic). It returns {empty} or {big, pairs}.
+  function engineView(e) {
+    if (!e) return { empty: "not scraped: --engine-metrics is off" };
+    if (e.state === "absent") return { empty: "the engine exports no /metrics (ollama; llama-server without --metrics)" };
+    if (e.state !== "ok") return { empty: "engine /metrics: " + e.state };
+    const ratio = (v) => (known(v) ? v.toFixed(2) + "×" : "–");
+    const num = (v, d) => (known(v) ? (d === undefined ? String(v) : v.toFixed(d)) : "–");
+    const pair = (a, b, r, d) => `${num(a, d)} / ${num(b, d)} (${ratio(r)})`;
+    return {
+      big: ratio(e.prompt_tokens_ratio),
+      pairs: [["engine", e.kind], ["running", num(e.running)], ["waiting", num(e.waiting)],
+        ["KV cache", known(e.kv_cache_usage) ? (100 * e.kv_cache_usage).toFixed(0) + "%" : "–"],
+        ["prompt tok engine / proxy", pair(e.engine_prompt_tokens, e.proxy_prompt_tokens, e.prompt_tokens_ratio)],
+        ["output tok engine / proxy", pair(e.engine_output_tokens, e.proxy_output_tokens, e.output_tokens_ratio)],
+        ["prefill s engine / proxy", pair(e.engine_prefill_seconds, e.proxy_prefill_seconds, e.prefill_seconds_ratio, 2)]],
+    };
+  }
+
   if (typeof document === "undefined") {
-    globalThis.anvilDashboard = { axisFormat, failureClass, countsText, driftRows, fmtMs };
+    globalThis.anvilDashboard = { axisFormat, failureClass, countsText, driftRows, fmtMs, engineView };
     return;
   }
 
@@ -509,6 +530,14 @@
     el.innerHTML = h;
   }
 
+  // renderEngine shows the snapshot's engine section (engineView).
+  function renderEngine() {
+    const el = $("engine");
+    if (!snap) { el.innerHTML = empty("waiting for the first snapshot"); return; }
+    const v = engineView(snap.anvilproxy && snap.anvilproxy.engine);
+    el.innerHTML = v.empty ? empty(v.empty) : `<div class="big">${esc(v.big)}</div>` + kv(v.pairs);
+  }
+
   // renderDrift shows the snapshot's prefix section (docs/design.md "Prefix drift"): the
   // counts, drifts by segment and class, and the latest drift events. Keys
   // it does not know are shown as they come, so that a newer proxy's
@@ -658,6 +687,7 @@
     renderGoodput();
     renderCache();
     renderRetry();
+    renderEngine();
     renderDrift();
     const ready = seen.size > 0 && snap !== null;
     document.body.dataset.ready = String(ready);

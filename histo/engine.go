@@ -1,0 +1,150 @@
+package histo
+
+import (
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/histo/engine"
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// EngineFigures are a request's figures as the engine reported them, in
+// its body, its response head or its /metrics (docs/engines.md says which
+// engine reports which); null where it reported nothing. They sit beside
+// the proxy's own in /requests and in a snapshot's request_timings, so
+// that a reader can hold one against the other.
+type EngineFigures struct {
+	Queue        Span  `json:"engine_queue_ms"`           // vLLM metrics.queue_time_ms, TGI x-queue-time
+	Prefill      Span  `json:"engine_prefill_ms"`         // llama.cpp timings.prompt_ms, vLLM ttft − queue
+	Decode       Span  `json:"engine_decode_ms"`          // llama.cpp timings.predicted_ms
+	Inference    Span  `json:"engine_inference_ms"`       // TGI x-inference-time: prefill and decode
+	CachedTokens Count `json:"engine_cached_tokens"`      // llama.cpp timings.cache_n
+	PromptEval   Count `json:"engine_prompt_eval_tokens"` // llama.cpp timings.prompt_n: the prompt tokens computed
+	// RunningAtAdmit and WaitingAtAdmit are the engine's own counts from
+	// its /metrics as last scraped before the request arrived (vLLM
+	// num_requests_running/waiting, llama.cpp requests_processing/deferred);
+	// they include traffic that did not pass this proxy.
+	RunningAtAdmit Count `json:"engine_running_at_admit"`
+	WaitingAtAdmit Count `json:"engine_waiting_at_admit"`
+}
+
+func engineSpan(d time.Duration) Span { return spanOf(d, d >= 0) }
+
+// engineFiguresOf reads the Trace's engine-reported values; the /metrics
+// counts are filled by Record, which has the engine's load.
+func engineFiguresOf(tr *proxy.Trace) EngineFigures {
+	return EngineFigures{
+		Queue:          engineSpan(tr.ServerQueue),
+		Prefill:        engineSpan(tr.ServerPrefill),
+		Decode:         engineSpan(tr.ServerDecode),
+		Inference:      engineSpan(tr.ServerInference),
+		CachedTokens:   Count(tr.ServerCachedTokens),
+		PromptEval:     Count(tr.ServerPromptEval),
+		RunningAtAdmit: -1,
+		WaitingAtAdmit: -1,
+	}
+}
+
+// setLoad puts the engine's load at the request's arrival into f.
+func (f *EngineFigures) setLoad(l engineLoad) {
+	if l.ok {
+		f.RunningAtAdmit, f.WaitingAtAdmit = Count(l.running), Count(l.waiting)
+	}
+}
+
+// proxyTotals are the proxy's own cumulative counts of successful
+// inference requests, for the agreement check against the engine's
+// /metrics (engine.Scraper.Agreement). Atomic: Record adds, the scraper
+// reads from its goroutine.
+type proxyTotals struct {
+	prompt, output atomic.Int64
+	prefillNs      atomic.Int64
+}
+
+func (t *proxyTotals) add(rq *Request) {
+	if rq.Failed {
+		return
+	}
+	if rq.UsageSeen && rq.PromptTokens >= 0 {
+		t.prompt.Add(int64(rq.PromptTokens))
+	}
+	if rq.OutputTokens >= 0 {
+		t.output.Add(int64(rq.OutputTokens))
+	}
+	if rq.Prefill.Known() {
+		t.prefillNs.Add(int64(rq.Prefill))
+	}
+}
+
+// EngineTotals returns the proxy's totals since start: prompt tokens from
+// usage, output tokens, and the split's prefill seconds, over successful
+// inference requests. It is the engine scraper's Totals hook. Safe for
+// concurrent use.
+func (r *Recorder) EngineTotals() engine.Totals {
+	return engine.Totals{
+		PromptTokens: float64(r.totals.prompt.Load()),
+		OutputTokens: float64(r.totals.output.Load()),
+		PrefillSecs:  time.Duration(r.totals.prefillNs.Load()).Seconds(),
+	}
+}
+
+// EngineSection is what the engine's /metrics said when a window ended:
+// the scraper's state, the engine's last counts and the agreement of its
+// totals with the proxy's (docs/engines.md). Unknown values are null.
+type EngineSection struct {
+	State        string `json:"state"` // starting, ok, absent, failing
+	Kind         string `json:"kind"`  // vllm, llamacpp, sglang, tgi, unknown
+	Running      Float  `json:"running"`
+	Waiting      Float  `json:"waiting"`
+	KVCacheUsage Float  `json:"kv_cache_usage"`
+	// The agreement over the scraper's kept samples: engine and proxy
+	// totals, and engine ÷ proxy.
+	AgreementSeconds Float `json:"agreement_seconds"`
+	EnginePrompt     Float `json:"engine_prompt_tokens"`
+	ProxyPrompt      Float `json:"proxy_prompt_tokens"`
+	PromptRatio      Float `json:"prompt_tokens_ratio"`
+	EngineOutput     Float `json:"engine_output_tokens"`
+	ProxyOutput      Float `json:"proxy_output_tokens"`
+	OutputRatio      Float `json:"output_tokens_ratio"`
+	EnginePrefill    Float `json:"engine_prefill_seconds"`
+	ProxyPrefill     Float `json:"proxy_prefill_seconds"`
+	PrefillRatio     Float `json:"prefill_seconds_ratio"`
+}
+
+// engineReporter is what EngineSection needs of the EngineLoad: the
+// scraper of histo/engine has it; another EngineLoad yields no section.
+type engineReporter interface {
+	Status() (engine.State, int64, error)
+	Last() (engine.Sample, bool)
+	Agreement() (engine.Agreement, bool)
+}
+
+// EngineSection reads the engine's /metrics as last scraped; nil when no
+// scraper is set. Safe for concurrent use.
+func (r *Recorder) EngineSection() *EngineSection {
+	b := r.load.Load()
+	if b == nil {
+		return nil
+	}
+	rep, ok := b.EngineLoad.(engineReporter)
+	if !ok {
+		return nil
+	}
+	nan := Float(math.NaN())
+	st, _, _ := rep.Status()
+	s := &EngineSection{State: st.String(), Kind: engine.KindUnknown.String(), Running: nan, Waiting: nan, KVCacheUsage: nan,
+		AgreementSeconds: nan, EnginePrompt: nan, ProxyPrompt: nan, PromptRatio: nan, EngineOutput: nan, ProxyOutput: nan,
+		OutputRatio: nan, EnginePrefill: nan, ProxyPrefill: nan, PrefillRatio: nan}
+	if smp, ok := rep.Last(); ok {
+		s.Kind = smp.Read.Kind.String()
+		s.Running, s.Waiting, s.KVCacheUsage = Float(smp.Read.Running), Float(smp.Read.Waiting), Float(smp.Read.KVCacheUsage)
+	}
+	if g, ok := rep.Agreement(); ok {
+		s.AgreementSeconds = Float(g.Seconds)
+		s.EnginePrompt, s.ProxyPrompt, s.PromptRatio = Float(g.EnginePrompt), Float(g.ProxyPrompt), Float(g.PromptRatio)
+		s.EngineOutput, s.ProxyOutput, s.OutputRatio = Float(g.EngineOutput), Float(g.ProxyOutput), Float(g.OutputRatio)
+		s.EnginePrefill, s.ProxyPrefill, s.PrefillRatio = Float(g.EnginePrefill), Float(g.ProxyPrefill), Float(g.PrefillRatio)
+	}
+	return s
+}

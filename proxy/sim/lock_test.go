@@ -1,0 +1,93 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestBatchLock: on four free slots, a request that arrives 100 ms into
+// another's 1-second prefill starts at once on vLLM, and on ollama
+// (LockPrefill) only when that prefill ends; a third arriving during the
+// wait takes its slot together with the second, and its own truth says so.
+func TestBatchLock(t *testing.T) {
+	for _, tc := range []struct {
+		engine Engine
+		queue  [2]time.Duration // of the second and the third
+	}{
+		{EngineVLLM, [2]time.Duration{0, 0}},
+		{EngineOllama, [2]time.Duration{901 * time.Millisecond, 801 * time.Millisecond}},
+	} {
+		t.Run(tc.engine.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := fast()
+				cfg.Engine = tc.engine
+				cfg.Slots = 4
+				cfg.PrefillTokensPerSec = 1000
+				cfg.ContextSlowdown = -1
+				v := startVirtual(t, cfg)
+				done := make(chan struct{}, 3)
+				for i, tokens := range []int{1000, 100, 100} {
+					go func() {
+						body := longPrompt(fmt.Sprintf("lock%d", i), tokens, false)
+						resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", fmt.Sprintf("lock%d", i))
+						resp.Body.Close()
+						done <- struct{}{}
+					}()
+					synctest.Wait()
+					time.Sleep(100 * time.Millisecond)
+				}
+				for range 3 {
+					<-done
+				}
+				first := truthOf(t, v.s, "lock0")
+				require.Zero(t, first.Queue)
+				for i, want := range tc.queue {
+					require.Equal(t, want, truthOf(t, v.s, fmt.Sprintf("lock%d", i+1)).Queue, "request %d", i+1)
+				}
+			})
+		})
+	}
+}
+
+// TestArrivalJitter: requests sent at the same instant reach one slot's
+// queue in an order that is not their sending order, and each one's wait
+// before the queue is counted in its truth's queue.
+func TestArrivalJitter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Slots = 1
+		cfg.ArrivalJitter = 2 * time.Millisecond
+		cfg.Seed = 3
+		v := startVirtual(t, cfg)
+		const n = 8
+		done := make(chan struct{}, n)
+		for i := range n {
+			go func() {
+				body := longPrompt(fmt.Sprintf("jit%d", i), 100, false)
+				resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", fmt.Sprintf("jit%d", i))
+				resp.Body.Close()
+				done <- struct{}{}
+			}()
+			synctest.Wait() // each is in the engine (sleeping its jitter) before the next is sent
+		}
+		for range n {
+			<-done
+		}
+		inOrder := true
+		prev := time.Time{}
+		for i := range n {
+			tr := truthOf(t, v.s, fmt.Sprintf("jit%d", i))
+			if tr.Admitted.Before(prev) {
+				inOrder = false
+			}
+			prev = tr.Admitted
+			require.Equal(t, tr.Admitted.Sub(tr.Arrived), tr.Queue)
+		}
+		require.False(t, inOrder, "the jitter reorders simultaneous arrivals")
+	})
+}
