@@ -1,6 +1,9 @@
 package proxy
 
-import "time"
+import (
+	"crypto/x509"
+	"time"
+)
 
 // Defaults for the zero values of Config.
 const (
@@ -70,6 +73,10 @@ type Config struct {
 	PreserveHost bool
 	// InsecureSkipVerify skips TLS verification of an https upstream.
 	InsecureSkipVerify bool
+	// UpstreamRootCAs, when set, are the certificate authorities an https
+	// upstream's certificate is verified against instead of the system's
+	// (a private CA; the tests' own). There is no flag for it.
+	UpstreamRootCAs *x509.CertPool
 	// Models is the allowlist of model labels; others are labelled "other".
 	// Empty means the first MaxModels names seen are learned.
 	Models []string

@@ -81,8 +81,15 @@ func post(t *testing.T, url, body string) exchange {
 	t.Helper()
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
+	return postOn(t, &http.Client{Transport: tr, Timeout: 10 * time.Second}, url, body)
+}
+
+// postOn is post on client, whose kept-alive connection the next call
+// reuses: the proxy binds an upstream connection to a client connection.
+func postOn(t *testing.T, client *http.Client, url, body string) exchange {
+	t.Helper()
 	start := time.Now()
-	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Post(url, "application/json", strings.NewReader(body))
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	got, err := io.ReadAll(resp.Body)

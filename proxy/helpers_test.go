@@ -113,6 +113,14 @@ func upstreamConns(p *Proxy) int {
 	return len(p.pool.idle) + len(p.pool.busy)
 }
 
+// keepAliveClient is an HTTP client whose connections to the proxy stay
+// open until the test ends.
+func keepAliveClient(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
 // startUpstream serves h on a loopback port.
 func startUpstream(t *testing.T, h http.HandlerFunc) *httptest.Server {
 	t.Helper()

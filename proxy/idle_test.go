@@ -143,14 +143,15 @@ func TestReusedConnectionClosedByEngine(t *testing.T) {
 	// The proxy's own idle timeout is longer than the engine's here, as with
 	// a misconfigured --upstream-idle-timeout: the peek at reuse catches it.
 	base, p := startProxy(t, Config{Upstream: up.URL(), UpstreamIdleTimeout: time.Minute}, log)
-	require.Equal(t, "/v1/a", string(post(t, base+"/v1/a", "").body))
+	client := keepAliveClient(t)
+	require.Equal(t, "/v1/a", string(postOn(t, client, base+"/v1/a", "").body))
 	log.next(t)
 	select { // a tool call between two turns, longer than the engine's keep-alive
 	case <-engineClosed:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the engine never closed the idle connection")
 	}
-	got := post(t, base+"/v1/b", "")
+	got := postOn(t, client, base+"/v1/b", "")
 	require.Equal(t, 200, got.status, "%s", got.body)
 	require.Equal(t, "/v1/b", string(got.body))
 	tr := log.next(t)
@@ -175,7 +176,9 @@ func TestIdleTimeoutClosesFirst(t *testing.T) {
 	})
 	base, p := startProxy(t, Config{Upstream: up.URL(), UpstreamIdleTimeout: 100 * time.Millisecond}, newTraceLog())
 	start := time.Now()
-	require.Equal(t, 200, post(t, base+"/v1/models", "").status)
+	// A client that stays: one that leaves takes its idle upstream
+	// connection with it at once (TestClientCloseClosesItsUpstream).
+	require.Equal(t, 200, postOn(t, keepAliveClient(t), base+"/v1/models", "").status)
 	select {
 	case <-closed:
 		took := time.Since(start)

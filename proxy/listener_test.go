@@ -15,19 +15,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// startGuardedProxy serves p through its guarded Listener.
-func startGuardedProxy(t *testing.T, cfg Config) (string, *Proxy) {
-	t.Helper()
-	p, err := New(cfg, zap.NewNop(), newTraceLog())
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := p.Server()
-	go srv.Serve(p.Listener(ln)) //nolint:errcheck // ends at Shutdown
-	t.Cleanup(func() { _ = srv.Shutdown() })
-	return ln.Addr().String(), p
-}
-
 // TestClientConnectionCap (R3): with --max-conns 2 and two requests in
 // progress, a third connection is answered 503 with Retry-After and closed.
 // Once the two are idle keep-alive connections, a new client is served:
@@ -43,7 +30,8 @@ func TestClientConnectionCap(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})
-	addr, p := startGuardedProxy(t, Config{Upstream: up.URL, MaxClientConns: 2})
+	e := startGuarded(t, Config{Upstream: up.URL, MaxClientConns: 2})
+	addr, p := e.addr, e.p
 	send := func(c net.Conn, path string) {
 		_, err := io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n")
 		require.NoError(t, err)
@@ -84,6 +72,12 @@ func TestClientConnectionCap(t *testing.T) {
 	}
 	send(held[1], "/v1/models") // held[1] is idle since now, held[0] since before
 	require.Equal(t, 200, read(readers[1]).StatusCode)
+	require.Eventually(t, func() bool { // the server marks them idle after the client has its answer
+		e.ln.idleMu.Lock()
+		defer e.ln.idleMu.Unlock()
+		f := e.ln.idle.Front()
+		return e.ln.idle.Len() == 2 && f.Value.(*countedConn).RemoteAddr().String() == held[0].LocalAddr().String()
+	}, 5*time.Second, 5*time.Millisecond, "held[0] idle the longest")
 	// Both are idle, held[0] the longest: the next client gets its place.
 	c, br = dial()
 	send(c, "/v1/models")

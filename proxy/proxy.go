@@ -187,12 +187,14 @@ func (p *Proxy) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig
 // connState is the server's connection-state hook: it tells the guarded
 // listener which connections wait for a request (new, or idle between
 // keep-alive requests: the first to close when a new client needs room)
-// and finishes a hijack fasthttp dropped.
+// and finishes a hijack fasthttp dropped; the upstream pool closes the idle
+// connection bound to a client connection that closed.
 func (p *Proxy) connState(c net.Conn, s fasthttp.ConnState) {
 	MarkIdle(c, s == fasthttp.StateNew || s == fasthttp.StateIdle)
 	if s == fasthttp.StateClosed {
 		p.abandonHijack(c)
 	}
+	p.pool.clientGone(c, s) // an idle upstream connection dies with its client's
 }
 
 func bodyOverLimit(h *fasthttp.RequestHeader) bool { return len(h.Peek(overLimitHeader)) > 0 }
@@ -225,6 +227,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
+	flushEachResponse(ctx)
 
 	if !knownVersion(ctx.Request.Header.Protocol()) {
 		p.refuse(ctx, r, refuseVersion)

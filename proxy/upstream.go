@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -17,31 +20,49 @@ import (
 // it in relay-sized pieces.
 const upstreamBufSize = 16 << 10
 
-// pool owns the upstream connections. A connection belongs either to the
-// idle list or to exactly one request, which takes it with get and gives it
-// back with put; nothing else reads from it, so no byte can reach a request
-// it was not the answer to. The pool never trusts an idle connection: it is
-// closed when it has been idle longer than the idle timeout (uvicorn, in
-// front of vLLM and SGLang, closes after 5 s) and when it became readable
-// while idle (the peer closed it, or sent bytes nobody asked for: Go's
-// Transport "Unsolicited response received on idle HTTP channel").
-// Free connections are reused last-in first-out, so the busiest stay warm.
-// A pool is safe for concurrent use.
+// pool owns the upstream connections. A connection belongs either to one
+// request, which takes it with get and gives it back with put, or, idle,
+// to the client connection whose request used it last: only a request of
+// that same client connection may take it again (HAProxy's default, its
+// "http-reuse never" mode). An upstream that sends one response too many
+// can then misplace those bytes only within the conversation that drew
+// them, never hand them to another client: whatever arrives after the
+// last check is read as the next response of the same client (Go's
+// Transport and nginx share that race for any client; docs/design.md
+// "Upstream pool"). An idle connection is closed when its client
+// connection closes (clientGone), when it has been idle longer than the
+// idle timeout (uvicorn, in front of vLLM and SGLang, closes after 5 s),
+// and when it became readable while idle (the peer closed it, or sent
+// bytes nobody asked for: Go's Transport "Unsolicited response received
+// on idle HTTP channel"). Open connections, idle and busy, stay within
+// MaxUpstreamConns: a dial at the bound closes the least recently used
+// idle one first. A pool is safe for concurrent use.
 type pool struct {
 	cfg   *Config
 	up    Upstream
+	tls   *tls.Config // nil for a plain upstream
 	stats *Stats
-	sem   chan struct{} // one token per connection in use: bounds upstream connections
+	sem   chan struct{} // one token per connection in use: bounds busy connections
 
 	mu      sync.Mutex
-	idle    []*upConn // LIFO
+	idle    map[net.Conn]*upConn // by the client connection each is bound to
+	lru     connList             // the idle connections, least recently used first
 	busy    map[*upConn]struct{}
 	reaping bool // a reap is scheduled
 	closed  bool // abortAll ran: idle connections are no longer kept
 }
 
 func newPool(cfg *Config, up Upstream, stats *Stats) *pool {
-	return &pool{cfg: cfg, up: up, stats: stats, sem: make(chan struct{}, cfg.MaxUpstreamConns), busy: map[*upConn]struct{}{}}
+	p := &pool{cfg: cfg, up: up, stats: stats, sem: make(chan struct{}, cfg.MaxUpstreamConns),
+		idle: map[net.Conn]*upConn{}, busy: map[*upConn]struct{}{}}
+	if up.TLS {
+		p.tls = &tls.Config{ //nolint:gosec // InsecureSkipVerify is an opt-in flag
+			ServerName:         up.Hostname,
+			InsecureSkipVerify: cfg.InsecureSkipVerify,
+			RootCAs:            cfg.UpstreamRootCAs,
+		}
+	}
+	return p
 }
 
 // acquire takes one of MaxUpstreamConns tokens, waiting up to MaxConnWait
@@ -63,43 +84,65 @@ func (p *pool) acquire() bool {
 	}
 }
 
-// get returns a connection for one request, holding a token from acquire:
-// an idle one that passed its checks, or a new one; fresh asks for a new
-// one. reused says which.
-func (p *pool) get(fresh bool) (c *upConn, reused bool, err error) {
-	now := time.Now()
-	for !fresh {
-		c = p.popIdle()
-		if c == nil {
-			break
+// get returns a connection for one request of client, holding a token
+// from acquire: the idle connection bound to client if it passed its
+// checks, or a new one bound to client; fresh asks for a new one. A nil
+// client (a connection that ends with this response) always gets a new
+// one, never kept. reused says which.
+func (p *pool) get(client net.Conn, fresh bool) (c *upConn, reused bool, err error) {
+	if !fresh && client != nil {
+		if c = p.takeIdle(client); c != nil {
+			if reason := c.stale(time.Now(), p.cfg.UpstreamIdleTimeout); reason != RedialNone {
+				p.stats.redial(reason)
+				_ = c.Close()
+			} else {
+				p.markBusy(c)
+				return c, true, nil
+			}
 		}
-		if reason := c.stale(now, p.cfg.UpstreamIdleTimeout); reason != RedialNone {
-			p.stats.redial(reason)
-			_ = c.Close()
-			continue
-		}
-		p.markBusy(c)
-		return c, true, nil
 	}
+	p.makeRoom()
 	c, err = p.dial()
 	if err != nil {
 		return nil, false, err
 	}
+	c.client = client
 	p.markBusy(c)
 	return c, false, nil
 }
 
-func (p *pool) popIdle() *upConn {
+// takeIdle removes and returns the idle connection bound to client, if any.
+func (p *pool) takeIdle(client net.Conn) *upConn {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(p.idle)
-	if n == 0 {
-		return nil
+	c := p.idle[client]
+	if c != nil {
+		p.unidleLocked(c)
 	}
-	c := p.idle[n-1]
-	p.idle[n-1] = nil
-	p.idle = p.idle[:n-1]
 	return c
+}
+
+func (p *pool) unidleLocked(c *upConn) {
+	delete(p.idle, c.client)
+	p.lru.remove(c)
+}
+
+// makeRoom closes the least recently used idle connection when the open
+// ones are at MaxUpstreamConns, so that a dial never passes the bound.
+// The caller holds a token, so at the bound at least one is idle.
+func (p *pool) makeRoom() {
+	p.mu.Lock()
+	var victim *upConn
+	if len(p.busy)+len(p.idle) >= p.cfg.MaxUpstreamConns {
+		victim = p.lru.front()
+		if victim != nil {
+			p.unidleLocked(victim)
+		}
+	}
+	p.mu.Unlock()
+	if victim != nil {
+		_ = victim.Close()
+	}
 }
 
 func (p *pool) markBusy(c *upConn) {
@@ -114,19 +157,32 @@ func (p *pool) markBusy(c *upConn) {
 
 // put ends a request's use of c and gives back its token; c is nil when
 // the request never got a connection. A connection whose last exchange
-// left any doubt about where the next response starts (reusable false, or
-// bytes beyond the response already read) is closed, never pooled.
+// left any doubt about where the next response starts (reusable false, a
+// request not written whole, or bytes beyond the response already read,
+// by the reader or by crypto/tls) is closed, never pooled; it stays bound
+// to the client connection of the request that used it.
 func (p *pool) put(c *upConn, reusable bool) {
 	if c == nil {
 		<-p.sem
 		return
 	}
+	keep := reusable && c.client != nil && !c.spent
+	if keep && !c.quiet() {
+		keep = false
+		p.stats.redial(RedialUnsolicited)
+	}
+	var old *upConn
 	p.mu.Lock()
 	delete(p.busy, c)
-	keep := reusable && !p.closed && c.br.Buffered() == 0
+	keep = keep && !p.closed
 	if keep {
+		old = p.idle[c.client] // none: a client connection carries one request at a time
+		if old != nil {
+			p.unidleLocked(old)
+		}
 		c.idleSince = time.Now()
-		p.idle = append(p.idle, c)
+		p.idle[c.client] = c
+		p.lru.pushBack(c)
 		if !p.reaping {
 			p.reaping = true
 			time.AfterFunc(p.cfg.UpstreamIdleTimeout, p.reap)
@@ -135,6 +191,9 @@ func (p *pool) put(c *upConn, reusable bool) {
 	p.mu.Unlock()
 	if !keep {
 		_ = c.Close()
+	}
+	if old != nil {
+		_ = old.Close()
 	}
 	<-p.sem
 }
@@ -148,6 +207,18 @@ func (p *pool) discard(c *upConn) {
 	_ = c.Close()
 }
 
+// clientGone closes the idle connection bound to a client connection that
+// closed or left HTTP (a tunnel): nobody may use it any more. It is the
+// server's ConnState hook (Proxy.Server).
+func (p *pool) clientGone(client net.Conn, state fasthttp.ConnState) {
+	if state != fasthttp.StateClosed && state != fasthttp.StateHijacked {
+		return
+	}
+	if c := p.takeIdle(client); c != nil {
+		_ = c.Close()
+	}
+}
+
 // reap closes idle connections past the idle timeout, so that the proxy
 // closes first and a pooled connection is not held open on the engine; it
 // re-arms itself while idle connections remain. It runs on a timer, never
@@ -157,21 +228,14 @@ func (p *pool) reap() {
 	timeout := p.cfg.UpstreamIdleTimeout
 	var expired []*upConn
 	p.mu.Lock()
-	kept := p.idle[:0]
-	next := timeout
-	for _, c := range p.idle {
-		if left := timeout - now.Sub(c.idleSince); left > 0 {
-			kept = append(kept, c)
-			next = min(next, left)
-		} else {
-			expired = append(expired, c)
-		}
+	for c := p.lru.front(); c != nil && now.Sub(c.idleSince) >= timeout; c = p.lru.front() {
+		p.unidleLocked(c)
+		expired = append(expired, c)
 	}
-	clear(p.idle[len(kept):])
-	p.idle = kept
-	p.reaping = len(kept) > 0
+	oldest := p.lru.front()
+	p.reaping = oldest != nil
 	if p.reaping {
-		time.AfterFunc(next, p.reap)
+		time.AfterFunc(timeout-now.Sub(oldest.idleSince), p.reap)
 	}
 	p.mu.Unlock()
 	for _, c := range expired {
@@ -185,9 +249,10 @@ func (p *pool) abortAll() {
 	p.mu.Lock()
 	p.closed = true
 	conns := make([]*upConn, 0, len(p.idle)+len(p.busy))
-	conns = append(conns, p.idle...)
-	clear(p.idle)
-	p.idle = p.idle[:0]
+	for c := p.lru.front(); c != nil; c = p.lru.front() {
+		p.unidleLocked(c)
+		conns = append(conns, c)
+	}
 	for c := range p.busy {
 		conns = append(conns, c)
 	}
@@ -195,6 +260,36 @@ func (p *pool) abortAll() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
+}
+
+// connList is a list of idle connections in the order they went idle,
+// linked through the connections themselves; the pool's mutex guards it.
+type connList struct{ head, tail *upConn }
+
+func (l *connList) front() *upConn { return l.head }
+
+func (l *connList) pushBack(c *upConn) {
+	c.prev, c.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+func (l *connList) remove(c *upConn) {
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.prev, c.next = nil, nil
 }
 
 // dialError marks an error as having happened while connecting, so that it
@@ -210,45 +305,56 @@ func (p *pool) dial() (*upConn, error) {
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	if p.up.TLS {
-		tc := tls.Client(raw, &tls.Config{ //nolint:gosec // InsecureSkipVerify is an opt-in flag
-			ServerName:         p.up.Hostname,
-			InsecureSkipVerify: p.cfg.InsecureSkipVerify,
-		})
+	p.stats.UpstreamDials.Add(1)
+	c := &upConn{Conn: raw, raw: raw, idle: p.cfg.UpstreamReadTimeout}
+	if p.tls != nil {
+		c.rec = &recordConn{Conn: raw}
+		tc := tls.Client(c.rec, p.tls)
 		_ = tc.SetDeadline(time.Now().Add(p.cfg.DialTimeout))
 		if err := tc.Handshake(); err != nil {
 			_ = raw.Close()
 			return nil, &dialError{err}
 		}
 		_ = tc.SetDeadline(time.Time{})
-		raw = tc
+		c.Conn, c.tls = tc, tc
 	}
-	c := &upConn{Conn: raw, raw: raw, idle: p.cfg.UpstreamReadTimeout, dialTook: time.Since(start)}
-	if tc, ok := raw.(*tls.Conn); ok {
-		c.raw = tc.NetConn()
-	}
+	c.dialTook = time.Since(start)
 	c.br = bufio.NewReaderSize(c, upstreamBufSize)
 	return c, nil
 }
 
 // upConn is one upstream connection with idle deadlines renewed as it is
 // read and written (coarsely: see idleDeadline), and the facts a Trace
-// needs about it. It is used by one
-// request at a time (see pool); Close may be called from any goroutine
-// (the client watcher, shutdown).
+// needs about it. It is used by one request at a time (see pool), which
+// owns the fields marked so; Close may be called from any goroutine (the
+// client watcher, shutdown, clientGone).
 type upConn struct {
 	net.Conn
-	raw       net.Conn // the TCP connection under TLS, for the idle peek
+	raw       net.Conn    // the TCP connection, under TLS too: for the idle peek and the reset check
+	tls       *tls.Conn   // the TLS layer of an https upstream, or nil
+	rec       *recordConn // the record boundaries under tls, or nil
 	br        *bufio.Reader
 	idle      time.Duration
 	dialTook  time.Duration
-	idleSince time.Time // when it was last put back; owned by the pool
+	client    net.Conn // the client connection it is bound to (see pool); nil: never kept
+	idleSince time.Time
+	prev      *upConn // the pool's idle list; owned by the pool
+	next      *upConn
 	uses      int       // requests begun on it; owned by the request holding it
 	read      int64     // bytes read since the current request began
-	readErr   error     // the last read error, as the socket gave it
-	lastWrite time.Time // the end of the last request write
+	readErr   error     // the current request's first read error, as the socket gave it
+	lastWrite time.Time // when the current request's write ended (or failed); zero before
+	spent     bool      // the request was not written whole: never reused
 	readDL    idleDeadline
 	writeDL   idleDeadline
+}
+
+// begin readies c for one more request: the facts of the last one are
+// forgotten, so that a request that fails before it is written never
+// carries the previous one's send time.
+func (c *upConn) begin() {
+	c.uses++
+	c.read, c.readErr, c.lastWrite = 0, nil, time.Time{}
 }
 
 func (c *upConn) Read(p []byte) (int, error) {
@@ -259,7 +365,7 @@ func (c *upConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	c.read += int64(n)
-	if err != nil {
+	if err != nil && c.readErr == nil { // the first: a reset is followed by EOFs
 		c.readErr = err
 	}
 	return n, err
@@ -284,18 +390,168 @@ func (c *upConn) Write(p []byte) (int, error) {
 }
 
 // stale says why an idle connection must not carry another request, or
-// RedialNone when it may.
+// RedialNone when it may. Only the socket can have changed while it was
+// idle (nothing reads from it then), so the socket is what it peeks at;
+// what the reader and crypto/tls held was checked by quiet when it went
+// idle.
 func (c *upConn) stale(now time.Time, timeout time.Duration) Redial {
 	if now.Sub(c.idleSince) >= timeout {
 		return RedialIdleTimeout
 	}
-	switch peekIdle(c.raw) {
+	var b [len("HTTP/1.1 408")]byte
+	switch state, n := peekIdle(c.raw, b[:]); state {
 	case peekClosed:
 		return RedialPeerClosed
 	case peekData:
+		if c.tls == nil && is408(b[:n]) {
+			// The engine's idle timer, announced before it closes: Go's
+			// Transport takes it for the server closing an idle
+			// connection too (is408Message, golang.org/issue/32310).
+			return RedialPeerClosed
+		}
 		return RedialUnsolicited
 	}
 	return RedialNone
+}
+
+// is408 reports bytes that begin a 408 Request Timeout response.
+func is408(b []byte) bool {
+	return len(b) == len("HTTP/1.1 408") && bytes.HasPrefix(b, []byte("HTTP/1.")) && bytes.HasSuffix(b, []byte(" 408"))
+}
+
+// Results of peekIdle and peekFD.
+const (
+	peekQuiet  = iota // nothing to read: the connection is as it was left
+	peekClosed        // EOF or an error: the peer closed or reset it
+	peekData          // bytes are waiting that nobody asked for
+)
+
+// peekIdle looks, without waiting and without consuming anything, at
+// whether an idle connection became readable, copying what waits into b.
+// Where the socket cannot be peeked (peekFD off Linux) it reports quiet:
+// the idle timeout and the resend rule are then the only guards.
+func peekIdle(conn net.Conn, b []byte) (state, n int) {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return peekQuiet, 0
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return peekClosed, 0
+	}
+	state = peekQuiet
+	cerr := rc.Read(func(fd uintptr) bool {
+		state, n = peekFD(int(fd), b)
+		return true // never wait
+	})
+	if cerr != nil {
+		return peekClosed, 0
+	}
+	return state, n
+}
+
+// aLongTimeAgo is a deadline that has passed: a read under it returns what
+// is buffered without waiting for the socket.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// quiet reports that nothing beyond the response just read is held for c:
+// not in its reader, and, over TLS, not in crypto/tls, where bytes already
+// read from the socket are invisible to both Buffered and a socket peek.
+// crypto/tls keeps decrypted bytes (input) and raw bytes read ahead
+// (rawInput); its Read returns the one or decrypts a whole record of the
+// other before it touches the socket, and under a deadline that has passed
+// the socket read fails at once with a timeout, which crypto/tls does not
+// keep as the connection's error (readRecordOrCCS: a net.Error that is
+// Temporary). A part of a record it holds is seen by the record count
+// under it (recordConn). Called by the request that owns c.
+func (c *upConn) quiet() bool {
+	if c.br.Buffered() > 0 {
+		return false
+	}
+	if c.tls == nil {
+		return true
+	}
+	if !c.rec.atBoundary() {
+		return false
+	}
+	if c.tls.SetReadDeadline(aLongTimeAgo) != nil {
+		return false
+	}
+	var b [1]byte
+	n, err := c.tls.Read(b[:])
+	var ne net.Error
+	ok := n == 0 && errors.As(err, &ne) && ne.Timeout()
+	c.readDL.clear() // the next read sets its idle deadline again
+	return ok && c.tls.SetReadDeadline(time.Time{}) == nil
+}
+
+// recordConn is the TCP connection under crypto/tls, counting TLS record
+// boundaries in what is read from it, so that a part of a record read
+// ahead beyond a response is seen (upConn.quiet). Its cost is a look at
+// each record's 5-byte header. Owned by the tls.Conn's reader.
+type recordConn struct {
+	net.Conn
+	left int     // bytes of the current record's body still to come
+	hdr  [5]byte // the part of a record header read so far
+	nhdr int
+}
+
+func (r *recordConn) Read(p []byte) (int, error) {
+	n, err := r.Conn.Read(p)
+	r.count(p[:n])
+	return n, err
+}
+
+func (r *recordConn) count(b []byte) {
+	for len(b) > 0 {
+		if r.left > 0 {
+			k := min(r.left, len(b))
+			r.left -= k
+			b = b[k:]
+			continue
+		}
+		k := copy(r.hdr[r.nhdr:], b)
+		r.nhdr += k
+		b = b[k:]
+		if r.nhdr == len(r.hdr) {
+			r.left = int(r.hdr[3])<<8 | int(r.hdr[4])
+			r.nhdr = 0
+		}
+	}
+}
+
+// atBoundary reports that every record read from the socket was read whole.
+func (r *recordConn) atBoundary() bool { return r.left == 0 && r.nhdr == 0 }
+
+// resetSince reports whether c's socket met a reset, waiting for one until
+// deadline: a request that reaches a socket the engine had closed draws an
+// RST within a round trip, which is the proof the resend rule asks for
+// (roundtrip.go). Called by the request that owns c, after a read failed.
+func (c *upConn) resetSince(deadline time.Time) bool {
+	if errors.Is(c.readErr, syscall.ECONNRESET) {
+		return time.Now().Before(deadline)
+	}
+	sc, ok := c.raw.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	for {
+		seen := false
+		if rc.Control(func(fd uintptr) { seen = resetFD(int(fd)) }) != nil {
+			return false
+		}
+		if seen {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // Redial says why a request did not use, or did not stay on, a pooled
@@ -306,8 +562,8 @@ type Redial uint8
 const (
 	RedialNone         Redial = iota
 	RedialIdleTimeout         // idle longer than --upstream-idle-timeout: closed before the engine would
-	RedialPeerClosed          // the engine closed it while it was idle (EOF or reset seen at reuse)
-	RedialUnsolicited         // the engine sent bytes while it was idle: nobody's response, discarded
+	RedialPeerClosed          // the engine closed it while it was idle (EOF, reset or a 408 seen at reuse)
+	RedialUnsolicited         // the engine sent bytes nobody asked for, found after a response or while idle: discarded with the connection
 	RedialReusedFailed        // the request failed on the reused connection before any response byte, and was sent once more on a new one
 	numRedials
 )
@@ -319,10 +575,11 @@ func (r Redial) String() string { return redialNames[r] }
 // Stats counts what happens to connections outside any one request's
 // Trace. Its fields are safe to read at any time.
 type Stats struct {
-	redials      [numRedials]atomic.Uint64
-	AcceptErrors atomic.Uint64 // accept failures on the data listener (EMFILE, ENFILE, ENOBUFS, …)
-	ConnsRefused atomic.Uint64 // client connections over --max-conns, answered 503 and closed
-	IdleClosed   atomic.Uint64 // idle keep-alive client connections closed to make room under --max-conns
+	redials       [numRedials]atomic.Uint64
+	AcceptErrors  atomic.Uint64 // accept failures on the data listener (EMFILE, ENFILE, ENOBUFS, …)
+	UpstreamDials atomic.Uint64 // upstream connections opened (TCP connected; the TLS handshake may still fail)
+	ConnsRefused  atomic.Uint64 // client connections over --max-conns, answered 503 and closed
+	IdleClosed    atomic.Uint64 // idle keep-alive client connections closed to make room under --max-conns
 }
 
 func (s *Stats) redial(r Redial) { s.redials[r].Add(1) }

@@ -211,7 +211,8 @@ func (h *watchHub) check(id uint64) {
 	if w.state != watchActive || w.id != id { // stopped, or reused by a later request
 		return
 	}
-	switch peekFD(w.fd) {
+	var b [1]byte
+	switch state, _ := peekFD(w.fd, b[:]); state {
 	case peekQuiet:
 		_ = h.ctl(syscall.EPOLL_CTL_MOD, w.fd, id) // nothing after all: wait again
 	case peekClosed:
@@ -220,48 +221,4 @@ func (h *watchHub) check(id uint64) {
 	default:
 		w.state = watchIdle // a pipelined request: no verdict, and no more watching
 	}
-}
-
-// Results of peekIdle.
-const (
-	peekQuiet  = iota // nothing to read: the connection is as it was left
-	peekClosed        // EOF or an error: the peer closed or reset it
-	peekData          // bytes are waiting that nobody asked for
-)
-
-// peekIdle looks, without waiting and without consuming anything, at
-// whether an idle connection became readable.
-func peekIdle(conn net.Conn) int {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return peekQuiet
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return peekClosed
-	}
-	state := peekQuiet
-	cerr := rc.Read(func(fd uintptr) bool {
-		state = peekFD(int(fd))
-		return true // never wait
-	})
-	if cerr != nil {
-		return peekClosed
-	}
-	return state
-}
-
-// peekFD looks at socket fd without waiting and without consuming
-// anything: the one reading of a peek, for the client watch and the idle
-// check of pooled upstream connections.
-func peekFD(fd int) int {
-	var b [1]byte
-	n, _, err := syscall.Recvfrom(fd, b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-	switch {
-	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
-		return peekQuiet
-	case err != nil || n == 0:
-		return peekClosed // reset, or EOF
-	}
-	return peekData
 }

@@ -13,15 +13,3 @@ type clientWatch struct {
 
 func (w *clientWatch) start(net.Conn) bool { return false }
 func (w *clientWatch) stop()               {}
-
-// Results of peekIdle.
-const (
-	peekQuiet = iota
-	peekClosed
-	peekData
-)
-
-// peekIdle cannot look at the socket here: idle connections are trusted
-// until the idle timeout, and a request that fails on one before any
-// response byte is sent again on a new connection.
-func peekIdle(net.Conn) int { return peekQuiet }

@@ -4,11 +4,16 @@
 # generates. See docs/real-engine.md.
 #
 #   scripts/real-engine.sh build   install Debian deps, build ollama (cached), write the GGUF
-#   scripts/real-engine.sh start   build if needed, start `ollama serve`, create the models
-#   scripts/real-engine.sh stop    stop the server started by `start` (by its PID)
+#   scripts/real-engine.sh start   build if needed, start the servers, create the models
+#   scripts/real-engine.sh stop    stop the servers started by `start` (by their PIDs)
 #   scripts/real-engine.sh env     print the variables the suite reads (eval-able)
 #   scripts/real-engine.sh test    start, run the suite (go test ./proxy/conformance/), stop
-#                                  (it stops the server even if an earlier `start` began it)
+#                                  (it stops the servers even if an earlier `start` began them)
+#
+# `start` runs three `ollama serve` instances, each with its own port, HOME,
+# models directory and log, all with OLLAMA_DEBUG=1 (the runner's slot log is
+# the suite's truth): OLLAMA_NUM_PARALLEL=1 in $ANVIL_ENGINE_RUN, 2 in
+# $ANVIL_ENGINE_RUN/p2 and 4 in $ANVIL_ENGINE_RUN/p4.
 #
 # Exit codes: 0 ok; 1 a failure of ours (fails CI); 75 (EX_TEMPFAIL) an outside
 # reason: a package registry refused or was unreachable. `test` turns 75 into
@@ -17,7 +22,8 @@
 # Environment:
 #   ANVIL_ENGINE_CACHE  build cache, reused across runs (default ~/.cache/anvilproxy-engine)
 #   ANVIL_ENGINE_RUN    server state: HOME, models, log, pid (default $ANVIL_ENGINE_CACHE/run)
-#   ANVIL_ENGINE_PORT   port on 127.0.0.1 (default 11439)
+#   ANVIL_ENGINE_PORT   the one-slot server's port on 127.0.0.1 (default: the
+#                       first free from 11439; the others take the next free ones)
 set -euo pipefail
 
 OLLAMA_VERSION=0.17.4
@@ -190,73 +196,110 @@ PARAMETER num_thread 1
 EOF
 }
 
-# pick_port sets port: the running server's, else ANVIL_ENGINE_PORT, else
-# the first free port from 11439 up (so a busy default is no failure).
-pick_port() {
-  if [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null && [ -f "$run/port" ]; then
-    port="$(cat "$run/port")"
+# The instances `start` runs: slots:directory. The one-slot server keeps the
+# run directory itself, as before there were several.
+instances=("1:$run" "2:$run/p2" "4:$run/p4")
+
+# instance_port DIR SLOTS: the running server's port, else (for the one-slot
+# server) ANVIL_ENGINE_PORT, else the first free port from 11439 up (so a busy
+# default is no failure; servers already started hold theirs).
+instance_port() {
+  local dir=$1 slots=$2 p
+  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null && [ -f "$dir/port" ]; then
+    cat "$dir/port"
     return
   fi
-  [ -n "$port" ] && return
-  local p
+  if [ "$slots" = 1 ] && [ -n "$port" ]; then
+    echo "$port"
+    return
+  fi
   for p in $(seq 11439 11499); do
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-      port=$p
+      echo "$p"
       return
     fi
   done
   die "no free port in 11439-11499"
 }
 
-is_up() { curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$port/api/version" 2>/dev/null; }
+is_up() { curl -fsS -o /dev/null --max-time 1 "http://127.0.0.1:$1/api/version" 2>/dev/null; }
+
+# start_instance DIR SLOTS: one `ollama serve` with OLLAMA_NUM_PARALLEL=SLOTS
+# and its own HOME, models, log, pid and port under DIR, and the models.
+start_instance() {
+  local dir=$1 slots=$2 p i m
+  mkdir -p "$dir"
+  p="$(instance_port "$dir" "$slots")" || exit 1
+  if [ -f "$dir/pid" ] && kill -0 "$(cat "$dir/pid")" 2>/dev/null; then
+    log "already running (pid $(cat "$dir/pid"), $slots slots)"
+  else
+    is_up "$p" && die "port $p is taken by a server this script did not start"
+    mkdir -p "$dir/home" "$dir/models"
+    : >"$dir/ollama.log"
+    # OLLAMA_DEBUG=1: the runner logs "loading cache slot ... used=N" when a
+    # request takes a slot, the suite's truth for queue and reused prefix.
+    HOME="$dir/home" OLLAMA_HOST="127.0.0.1:$p" OLLAMA_MODELS="$dir/models" \
+      OLLAMA_NOPRUNE=1 OLLAMA_DEBUG=1 OLLAMA_NUM_PARALLEL="$slots" \
+      setsid "$bin" serve >>"$dir/ollama.log" 2>&1 </dev/null &
+    echo $! >"$dir/pid"
+    echo "$p" >"$dir/port"
+    for i in $(seq 1 100); do
+      is_up "$p" && break
+      kill -0 "$(cat "$dir/pid")" 2>/dev/null || die "ollama exited: $(tail -5 "$dir/ollama.log")"
+      sleep 0.1
+    done
+    is_up "$p" || die "ollama not ready after 10 s: $(tail -5 "$dir/ollama.log")"
+    log "ollama pid $(cat "$dir/pid") on 127.0.0.1:$p, $slots slots (log: $dir/ollama.log)"
+  fi
+  for m in plain thinking greedy; do
+    HOME="$dir/home" OLLAMA_HOST="127.0.0.1:$p" "$bin" create "tiny-$m" -f "$run/modelfiles/$m" >>"$dir/create.log" 2>&1 ||
+      die "ollama create tiny-$m failed: $(tail -3 "$dir/create.log")"
+  done
+}
 
 start() {
   build_ollama
   build_gguf
-  if [ -f "$run/pid" ] && kill -0 "$(cat "$run/pid")" 2>/dev/null; then
-    log "already running (pid $(cat "$run/pid"))"
-  else
-    is_up && die "port $port is taken by a server this script did not start"
-    mkdir -p "$run/home" "$run/models"
-    : >"$run/ollama.log"
-    HOME="$run/home" OLLAMA_HOST="127.0.0.1:$port" OLLAMA_MODELS="$run/models" \
-      OLLAMA_NOPRUNE=1 setsid "$bin" serve >>"$run/ollama.log" 2>&1 </dev/null &
-    echo $! >"$run/pid"
-    echo "$port" >"$run/port"
-    local i
-    for i in $(seq 1 100); do
-      is_up && break
-      kill -0 "$(cat "$run/pid")" 2>/dev/null || die "ollama exited: $(tail -5 "$run/ollama.log")"
-      sleep 0.1
-    done
-    is_up || die "ollama not ready after 10 s: $(tail -5 "$run/ollama.log")"
-    log "ollama pid $(cat "$run/pid") on 127.0.0.1:$port (log: $run/ollama.log)"
-  fi
   write_modelfiles
-  local m
-  for m in plain thinking greedy; do
-    HOME="$run/home" OLLAMA_HOST="127.0.0.1:$port" "$bin" create "tiny-$m" -f "$run/modelfiles/$m" >>"$run/create.log" 2>&1 ||
-      die "ollama create tiny-$m failed: $(tail -3 "$run/create.log")"
+  local it
+  for it in "${instances[@]}"; do
+    start_instance "${it#*:}" "${it%%:*}"
   done
-  log "models tiny-plain, tiny-thinking, tiny-greedy ready"
+  log "models tiny-plain, tiny-thinking, tiny-greedy ready on each"
 }
 
-stop() {
-  [ -f "$run/pid" ] || { log "not running"; return 0; }
-  local pid i
-  pid="$(cat "$run/pid")"
+# stop_instance DIR: stop the server whose PID start wrote there.
+stop_instance() {
+  local dir=$1 pid i
+  [ -f "$dir/pid" ] || return 0
+  pid="$(cat "$dir/pid")"
   if kill -0 "$pid" 2>/dev/null; then
     kill "$pid"
     for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$pid" 2>/dev/null && kill -9 "$pid"
   fi
-  rm -f "$run/pid"
+  rm -f "$dir/pid"
   log "stopped pid $pid"
 }
 
+stop() {
+  local it
+  for it in "${instances[@]}"; do
+    stop_instance "${it#*:}"
+  done
+}
+
+# print_env: the one-slot server as ANVIL_REAL_ENGINE, the others as
+# ANVIL_REAL_ENGINE_P<slots> (each with its _LOG).
 print_env() {
-  echo "export ANVIL_REAL_ENGINE=http://127.0.0.1:$port"
-  echo "export ANVIL_REAL_ENGINE_LOG=$run/ollama.log"
+  local it dir slots suffix
+  for it in "${instances[@]}"; do
+    dir="${it#*:}" slots="${it%%:*}" suffix=""
+    [ "$slots" = 1 ] || suffix="_P$slots"
+    [ -f "$dir/port" ] || continue
+    echo "export ANVIL_REAL_ENGINE$suffix=http://127.0.0.1:$(cat "$dir/port")"
+    echo "export ANVIL_REAL_ENGINE${suffix}_LOG=$dir/ollama.log"
+  done
 }
 
 run_suite() {
@@ -267,14 +310,15 @@ run_suite() {
     echo "SKIP real-engine conformance suite: a registry refused or was unreachable (see above); not a failure of the repo" >&2
     exit "$EX_OUTSIDE"
   fi
-  [ "$rc" -eq 0 ] || exit "$rc"
   trap stop EXIT
+  [ "$rc" -eq 0 ] || exit "$rc"
   eval "$(print_env)"
-  (cd "$repo" && go test -count=1 -v ${ANVIL_CONFORMANCE_RUN:+-run "$ANVIL_CONFORMANCE_RUN"} ./proxy/conformance/)
+  # A loaded host is several times slower than CI's quiet one: the
+  # default 10-minute test timeout would cut a healthy run.
+  (cd "$repo" && go test -count=1 -timeout 30m -v ${ANVIL_CONFORMANCE_RUN:+-run "$ANVIL_CONFORMANCE_RUN"} ./proxy/conformance/)
 }
 
 mkdir -p "$run"
-pick_port
 case "${1:-}" in
   build) build_ollama; build_gguf ;;
   start) start ;;

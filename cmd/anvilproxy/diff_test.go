@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,8 @@ func TestDiffCommand(t *testing.T) {
 	code, out, errOut := runCmd("diff", base, cur)
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `(?m)^tpot +p50 +30/30 +\S+ ms +\S+ ms +\+\S+ ms +\+\d+%$`, out)
-	require.Regexp(t, `(?m)^verdict: .*decode slower: the engine or its batch`, out)
+	unwrapped := strings.ReplaceAll(out, "\n  ", " ") // the verdict is one line, wrapped at 100 columns
+	require.Regexp(t, `(?m)^verdict: .*decode slower: the engine or its batch`, unwrapped)
 
 	code, out, errOut = runCmd("diff", "--fail-on", "tpot.p50>+50%", "--fail-on", "tokens_s.p99<-20%", base, cur)
 	require.Equal(t, 1, code, out)

@@ -13,7 +13,7 @@ import (
 // never a prompt, a completion or a header value.
 const (
 	proxyExposes = "the upstream's API, every path relayed unchanged; nothing of the proxy's own"
-	adminExposes = "dashboard /, /metrics, /requests, /snapshot, /status, /healthz (liveness), /readyz (upstream reachable): timings and counts, never content"
+	adminExposes = "dashboard /, /metrics, /requests, /snapshot, /status, /healthz (liveness), /readyz (upstream reachable), /diff (with --baseline): timings and counts, never content"
 )
 
 // logListeners logs each listener's bound address, what it exposes and,

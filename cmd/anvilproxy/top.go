@@ -17,9 +17,9 @@ import (
 // topUsage is what "anvilproxy top --help" prints before the flags.
 const topUsage = "Usage: anvilproxy top [--once] [--count N] [ADMIN-URL]\n\n" +
 	"A live table of a running proxy, read from its admin listener's /status (default " + defaultTopURL + "):\n" +
-	"requests and how they ended, in-flight, p50/p99 of the phases over the last 15 s, cache\n" +
-	"hit (engine-reported, and inferred from prefill times), goodput and retry amplification.\n" +
-	"Ctrl-C ends it.\n\n"
+	"requests and how they ended since start, in-flight, p50/p99 of the phases, the rate and\n" +
+	"the cache hit (engine-reported, and inferred from prefill times) over the last 15 s,\n" +
+	"goodput and retry amplification since start. Ctrl-C ends it.\n\n"
 
 // runTop is "anvilproxy top": the demo's live table for a running proxy,
 // read from its admin listener's /status, for a machine reached over SSH

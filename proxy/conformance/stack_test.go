@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -45,12 +46,37 @@ type stack struct {
 	rec      *histo.Recorder
 }
 
+// engineWithSlots is the base URL and log file of the server that
+// scripts/real-engine.sh started with OLLAMA_NUM_PARALLEL=slots
+// (ANVIL_REAL_ENGINE_P<slots>, or ANVIL_REAL_ENGINE for 1), or the test
+// skips, loudly.
+func engineWithSlots(t *testing.T, slots int) (url, logPath string) {
+	t.Helper()
+	name := "ANVIL_REAL_ENGINE"
+	if slots != 1 {
+		name += "_P" + strconv.Itoa(slots)
+	}
+	url, logPath = os.Getenv(name), os.Getenv(name+"_LOG")
+	if url == "" || logPath == "" {
+		t.Skipf("SKIP real-engine conformance: %s or %s_LOG is not set (run scripts/real-engine.sh test; see docs/real-engine.md)", name, name)
+	}
+	return url, logPath
+}
+
 // newStack starts a proxy with serve's defaults (no flags) in front of the
 // engine.
 func newStack(t *testing.T) *stack {
 	t.Helper()
-	st := &stack{engine: engineURL(t)}
-	rec, err := histo.New(histo.Config{}, prometheus.NewRegistry())
+	return newStackOn(t, engineURL(t), histo.Config{})
+}
+
+// newStackOn starts a proxy in front of the engine at url, its recorder
+// configured as serve would configure it from flags (EngineSlots is
+// --engine-slots).
+func newStackOn(t *testing.T, url string, cfg histo.Config) *stack {
+	t.Helper()
+	st := &stack{engine: url}
+	rec, err := histo.New(cfg, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
