@@ -181,8 +181,16 @@ func TestQueueAccuracySlots(t *testing.T) {
 // ollama in one case).
 func TestAbandonedPrefillAccuracy(t *testing.T) {
 	skipInaccurate(t)
-	for _, engine := range []sim.Engine{sim.EngineOllama, sim.EngineLlamaCpp} {
-		t.Run(engine.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		engine sim.Engine
+		after  bool // the next request is sent when the client leaves (real-engine suite's shape), not queued before
+	}{{sim.EngineOllama, false}, {sim.EngineLlamaCpp, false}, {sim.EngineOllama, true}} {
+		engine := tc.engine
+		name := engine.String()
+		if tc.after {
+			name += " next sent as the client leaves"
+		}
+		t.Run(name, func(t *testing.T) {
 			c := slotCase{engine: engine, slots: 1}
 			s, err := sim.New(slotEngine(c))
 			require.NoError(t, err)
@@ -217,10 +225,16 @@ func TestAbandonedPrefillAccuracy(t *testing.T) {
 			waitEnqueued(t, s, before)
 			next := burstReq{id: "next", body: msgsBody(coldPrompt("next-one", 1000), 4096), maxTokens: 9}
 			done := make(chan struct{})
-			go func() { defer close(done); sendNatural(t, st.base, next) }()
-			waitEnqueued(t, s, before+1)
-			time.Sleep(50 * time.Millisecond) // in its prefill
-			cancel()
+			if tc.after {
+				time.Sleep(50 * time.Millisecond) // in its prefill
+				cancel()
+				go func() { defer close(done); sendNatural(t, st.base, next) }()
+			} else {
+				go func() { defer close(done); sendNatural(t, st.base, next) }()
+				waitEnqueued(t, s, before+1)
+				time.Sleep(50 * time.Millisecond) // in its prefill
+				cancel()
+			}
 			<-gone
 			<-done
 			truth, ok := s.Truth("next")
