@@ -46,6 +46,10 @@ func slotEngine(c slotCase) sim.Config {
 	return sim.Config{
 		Engine: c.engine, Slots: c.slots, PrefillTokensPerSec: 20000, DecodeTokensPerSec: 100, TokensPerEvent: 1,
 		ExactLength: true, UnreportedCache: true, Seed: 1,
+		// ollama's batch lock is learned only once the cost model can say a
+		// request waited for another's prefill: TestBatchLockAccuracy, which
+		// warms the model first. These bursts start from a fresh proxy.
+		BatchLock: sim.LockNone,
 	}
 }
 
@@ -177,8 +181,16 @@ func TestQueueAccuracySlots(t *testing.T) {
 // ollama in one case).
 func TestAbandonedPrefillAccuracy(t *testing.T) {
 	skipInaccurate(t)
-	for _, engine := range []sim.Engine{sim.EngineOllama, sim.EngineLlamaCpp} {
-		t.Run(engine.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		engine sim.Engine
+		after  bool // the next request is sent when the client leaves (real-engine suite's shape), not queued before
+	}{{sim.EngineOllama, false}, {sim.EngineLlamaCpp, false}, {sim.EngineOllama, true}} {
+		engine := tc.engine
+		name := engine.String()
+		if tc.after {
+			name += " next sent as the client leaves"
+		}
+		t.Run(name, func(t *testing.T) {
 			c := slotCase{engine: engine, slots: 1}
 			s, err := sim.New(slotEngine(c))
 			require.NoError(t, err)
@@ -213,10 +225,16 @@ func TestAbandonedPrefillAccuracy(t *testing.T) {
 			waitEnqueued(t, s, before)
 			next := burstReq{id: "next", body: msgsBody(coldPrompt("next-one", 1000), 4096), maxTokens: 9}
 			done := make(chan struct{})
-			go func() { defer close(done); sendNatural(t, st.base, next) }()
-			waitEnqueued(t, s, before+1)
-			time.Sleep(50 * time.Millisecond) // in its prefill
-			cancel()
+			if tc.after {
+				time.Sleep(50 * time.Millisecond) // in its prefill
+				cancel()
+				go func() { defer close(done); sendNatural(t, st.base, next) }()
+			} else {
+				go func() { defer close(done); sendNatural(t, st.base, next) }()
+				waitEnqueued(t, s, before+1)
+				time.Sleep(50 * time.Millisecond) // in its prefill
+				cancel()
+			}
 			<-gone
 			<-done
 			truth, ok := s.Truth("next")
@@ -272,4 +290,84 @@ func TestHeadSlotStartAccuracy(t *testing.T) {
 		require.LessOrEqual(t, diff, queueTolerance(truth.Queue), "%s: queue %v, truth %v", r.id, time.Duration(rq.Queue), truth.Queue)
 	}
 	t.Logf("last burst by the head: worst error %v", worst.Round(100*time.Microsecond))
+}
+
+// TestBatchLockAccuracy: ollama's runner lets no slot start while a
+// prefill batch computes (sim.LockPrefill), and simultaneous arrivals
+// reach its queue in random order (sim.Config.ArrivalJitter). After the
+// first minute's cold prompts (the cost model is ready), bursts on four
+// free slots: the proxy learns the lock from the traffic, counts the wait
+// for the prefill in progress as queue, and orders near-simultaneous
+// arrivals by their first outputs. The last bursts are within the bar.
+func TestBatchLockAccuracy(t *testing.T) {
+	skipInaccurate(t)
+	for _, jitter := range []time.Duration{0, 2 * time.Millisecond} {
+		t.Run(fmt.Sprintf("jitter %v", jitter), func(t *testing.T) {
+			cfg := slotEngine(slotCase{engine: sim.EngineOllama, slots: 4})
+			cfg.BatchLock, cfg.ArrivalJitter = sim.LockPrefill, jitter
+			s, err := sim.New(cfg)
+			require.NoError(t, err)
+			hs := httptest.NewServer(s)
+			defer hs.Close()
+			st := newStack(t, hs.URL, proxy.Config{}, histo.Config{})
+			acc := &accStack{stack: st, sim: s}
+			for i := range 8 {
+				id := fmt.Sprintf("warm-%d", i)
+				sendNatural(t, st.base, burstReq{id: id, body: msgsBody(coldPrompt(id, 500+800*i), 4096), maxTokens: 2})
+			}
+			var tally slotTally
+			var worst time.Duration
+			for b := range 4 {
+				// In order: a long prompt first (2,000 tokens: 100 ms of
+				// prefill), then short ones (300–500 tokens) that arrive
+				// during its prefill. At once: 1,000-token prompts, the
+				// engine serves them in an order of its own; lengths one
+				// token apart, so that the one that took the lock ends, and is
+				// recorded, before those that waited for it (see
+				// docs/queue-split.md "Limits").
+				reqs := make([]burstReq, 4)
+				for i := range reqs {
+					id := fmt.Sprintf("burst%d-%d", b, i)
+					tokens := 300 + 100*i
+					if i == 0 {
+						tokens = 2000
+					}
+					if jitter > 0 {
+						tokens = 1000
+					}
+					reqs[i] = burstReq{id: id, body: msgsBody(coldPrompt(id, tokens), 4096), maxTokens: 5 + 20*b + 3*i}
+					if jitter > 0 {
+						reqs[i].maxTokens = 40 + 20*b + i
+					}
+				}
+				var wg sync.WaitGroup
+				for _, r := range reqs {
+					wg.Add(1)
+					go func() { defer wg.Done(); sendNatural(t, st.base, r) }()
+					if jitter == 0 {
+						time.Sleep(5 * time.Millisecond) // in order: the proxy's order is the engine's
+					}
+				}
+				wg.Wait()
+				if b < 2 {
+					continue // learning
+				}
+				for _, r := range reqs {
+					truth, ok := s.Truth(r.id)
+					require.True(t, ok)
+					rq := acc.record(t, r.maxTokens)
+					diff := (time.Duration(rq.Queue) - truth.Queue).Abs()
+					worst = max(worst, diff)
+					tally.total++
+					if rq.Queue >= 0 && diff <= queueTolerance(truth.Queue) {
+						tally.within++
+					}
+					t.Logf("%s: queue %v (%s), truth %v; prefill %v, truth %v", r.id, time.Duration(rq.Queue).Round(100*time.Microsecond), rq.QueueSource,
+						truth.Queue.Round(100*time.Microsecond), time.Duration(rq.Prefill).Round(100*time.Microsecond), truth.Prefill.Round(100*time.Microsecond))
+				}
+			}
+			t.Logf("jitter %v: %d of %d within the bar, worst error %v", jitter, tally.within, tally.total, worst.Round(100*time.Microsecond))
+			require.GreaterOrEqual(t, float64(tally.within), 0.9*float64(tally.total))
+		})
+	}
 }

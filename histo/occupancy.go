@@ -37,6 +37,16 @@ const (
 	// sockets, not the proxy's stamps, decide); on a one-slot engine the
 	// one whose first output came first was ahead.
 	orderWindow = 10 * time.Millisecond
+	// slotsOrderWindow is orderWindow on an engine of several slots:
+	// requests sent within it reach the engine's FIFO in an order of its
+	// own (ollama's server handlers race for its semaphore: requests sent
+	// within ~1–2 ms were served in no relation to their sending,
+	// docs/queue-split.md "Arrival order"), and the order of their first
+	// outputs tells it afterwards. It is wider than the engine's own race
+	// because the proxy's arrival stamps and the engine's reads are apart
+	// by a few milliseconds on a loaded host; wider still, a shorter
+	// prefill on another slot would overtake often enough to mislead.
+	slotsOrderWindow = 5 * time.Millisecond
 	// overlapTolerance: a request counts as running beside another only
 	// when it ran on this long past the other's first output, so that a
 	// slot handed over while the proxy's reader of the first stream was
@@ -87,6 +97,15 @@ type occEntry struct {
 	end      int64 // the engine let its slot go (t_end, else t_last_token, else t_client_done)
 	last     int64 // its last output (t_last_token, else end): it produced output until then
 	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
+	// lstart is its slot start under a batch lock (lockedQueue; arrive
+	// when it could not be placed) and pend the end of its prefill (its first output; for a prefill whose
+	// client left, when the engine finished it; -1 when unknown): while
+	// it prefilled, an engine with a batch lock let no other slot start.
+	lstart, pend int64
+	// pt is its prefill's point estimate (priors.point; 0: none): its
+	// first output less pt is when it began, which orders it among the
+	// requests sent with it (ahead).
+	pt int64
 }
 
 // placement is where a request stood on the engine's timeline.
@@ -127,7 +146,10 @@ type occupancy struct {
 	ends  [occMaxAhead]int64 // scratch: ends of the requests ahead
 	runs  [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
 	nRuns int
+	pre   [2][sweepMax]int64 // scratch: slot starts and prefill ends of the requests prefilling during one's wait
+	nPre  int
 	slots slotLearner
+	lock  lockLearner
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real
@@ -160,6 +182,7 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	// write can only be late if the write is late too.
 	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(tr.Admit.Add(tr.Connect)), first: o.rel(tr.FirstOutput),
 		end: o.rel(tr.End), release: o.rel(tr.ClientDone)}
+	e.lstart, e.pend = e.arrive, e.first
 	if e.end < 0 {
 		e.end = o.rel(tr.LastToken)
 	}
@@ -208,6 +231,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	if !onTimeline {
 		return placement{}, false
 	}
+	e.pt = int64(max(pr.point, 0))
 	m, mAdmit, complete := o.scan(e)
 	// Requests in flight at admission that are not recorded yet end after
 	// this one: they are ahead, and still there.
@@ -217,12 +241,13 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		if complete && abandoned > 0 {
 			sortEnds(ends)
 			e.end = max(e.end, o.abandonedEnd(e, ends, n, abandoned))
+			e.pend = e.end // the engine prefilled on until it let the slot go
 		}
 		o.push(e)
 		return placement{ahead: m}, false
 	}
 	sortEnds(ends)
-	defer o.push(e)
+	defer func() { o.push(e) }() // e as it stands at the return: lockedQueue sets its lstart
 	c := 0
 	for c < m && ends[c] < e.first+int64(endTolerance) {
 		c++
@@ -272,6 +297,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 			p.queue = max(0, time.Duration(ends[k]-e.arrive))
 		}
 	}
+	p.queue, e.lstart = o.lockedQueue(e, p.queue, pr.point, est, haveEst)
 	return p, warn
 }
 
@@ -459,9 +485,11 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 		return 0, 0, false // the timeline does not reach back to e's admission
 	}
 	oneSlot := o.slots.effective() == 1
+	o.nPre = 0
 	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= e.first+int64(tailMargin) })
 	for i := range min(later, sweepMax) {
 		o.overlap(o.at(i), &e)
+		o.prefilling(o.at(i), &e)
 	}
 	for i := later; i < o.n; i++ {
 		x := o.at(i)
@@ -482,6 +510,7 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 			m++
 		}
 		o.overlap(x, &e)
+		o.prefilling(x, &e)
 	}
 	// Entries skipped as later are in flight at e's admission exactly
 	// when they would have counted in mAdmit: leaving both out keeps n.
@@ -508,8 +537,17 @@ func ahead(x, e *occEntry, oneSlot bool) bool {
 	if x.end <= e.arrive {
 		return false
 	}
-	if d := x.arrive - e.arrive; oneSlot && d > -int64(orderWindow) && d < int64(orderWindow) && x.first >= 0 && e.first >= 0 {
-		return x.first < e.first
+	w := int64(slotsOrderWindow)
+	if oneSlot {
+		w = int64(orderWindow)
+	}
+	if d := x.arrive - e.arrive; d > -w && d < w && x.first >= 0 && e.first >= 0 {
+		if oneSlot {
+			return x.first < e.first
+		}
+		// With several slots a shorter prefill overtakes: the one that
+		// began first, its first output less its prefill, was served first.
+		return x.first-x.pt < e.first-e.pt
 	}
 	return x.arrive < e.arrive
 }

@@ -236,6 +236,7 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak %v: %d requests (%.0f/s): %d complete, %d cut by the upstream, %d client aborts; outcomes none=%d upstream_broken=%d client_gone=%d",
 		took.Round(time.Second), sent.Load(), float64(sent.Load())/took.Seconds(), complete.Load(), cut.Load(), aborted.Load(),
 		rec.kinds[ErrNone].Load(), rec.kinds[ErrUpstreamBroken].Load(), rec.kinds[ErrClientGone].Load())
+	t.Logf("upstream dials %d (%.3f per request)", p.Stats().UpstreamDials.Load(), float64(p.Stats().UpstreamDials.Load())/float64(max(sent.Load(), 1)))
 	t.Logf("steady state: goroutines %.0f → %.0f, live heap %.1f → %.1f MiB, fds %.0f → %.0f; before %d goroutines %.1f MiB, after %d goroutines %.1f MiB",
 		mean(early, gor), mean(late, gor), mean(early, heap)/(1<<20), mean(late, heap)/(1<<20), mean(early, fds), mean(late, fds),
 		before.goroutines, float64(before.heap)/(1<<20), after.goroutines, float64(after.heap)/(1<<20))

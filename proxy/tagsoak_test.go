@@ -224,21 +224,19 @@ func runTaggedSoak(t *testing.T, overTLS bool) {
 			return req, err
 		}
 	}
-	var raw *rawUpstream
 	url := ""
 	cfg := Config{UpstreamReadTimeout: 5 * time.Second}
 	if overTLS {
-		raw, url = startTLSUpstream(t, func(u *rawUpstream, c *tlsPeer, br *bufio.Reader) {
+		_, url = startTLSUpstream(t, func(u *rawUpstream, c *tlsPeer, br *bufio.Reader) {
 			rng := rand.New(rand.NewPCG(seeds.Add(1), 3))
 			hostileServe(rng, &up, c, c.batch, br, read(u))
 		})
 		_, cfg.UpstreamRootCAs = testCA()
 	} else {
-		raw = startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+		url = startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
 			rng := rand.New(rand.NewPCG(seeds.Add(1), 3))
 			hostileServe(rng, &up, c, nil, br, read(u))
-		})
-		url = raw.URL()
+		}).URL()
 	}
 	cfg.Upstream = url
 	base, p := startProxy(t, cfg, NopRecorder{})

@@ -105,6 +105,7 @@ func TestSimFlagsEngine(t *testing.T) {
 	require.Equal(t, sim.HeadAdmission, got.Head, "the flag overrides the engine's slot-start")
 	require.Equal(t, sim.TimingLlamaCpp, got.Timings)
 	require.Equal(t, sim.AbandonBatch, got.Abandon)
+	require.Equal(t, sim.LockNone, got.BatchLock)
 	require.Equal(t, sim.MetricsLlamaCpp, got.Metrics)
 	require.Equal(t, 20*time.Millisecond, got.SwitchCost)
 	require.Equal(t, 5000, got.KVCacheTokens)
@@ -116,8 +117,14 @@ func TestSimFlagsEngine(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sim.HeadFirstOutput, s.Config().Head)
 	require.True(t, s.Config().UnreportedCache, "ollama reports no cached tokens")
+	require.Equal(t, sim.LockPrefill, s.Config().BatchLock, "ollama's runner holds its lock for a prefill batch")
 
-	for _, bad := range [][]string{{"--engine", "tgi"}, {"--head", "late"}, {"--abandon", "never"}, {"--metrics", "json"}} {
+	c, _, err = parseSimFlags([]string{"--engine", "ollama", "--batch-lock", "none", "--arrival-jitter", "2ms"}, io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, sim.LockNone, c.BatchLock)
+	require.Equal(t, 2*time.Millisecond, c.ArrivalJitter)
+
+	for _, bad := range [][]string{{"--engine", "tgi"}, {"--head", "late"}, {"--abandon", "never"}, {"--metrics", "json"}, {"--batch-lock", "mutex"}} {
 		_, _, err := parseSimFlags(bad, io.Discard)
 		require.Error(t, err, "%v", bad)
 	}

@@ -69,11 +69,11 @@ func TestAbandonedPrefillCountedAsQueue(t *testing.T) {
 	for _, s := range follows {
 		tq := s.truthQueue()
 		if !s.rec.Queue.Known() {
-			t.Errorf("%s: queue_ms null (source %q); truth %.1f ms", s.label, s.rec.QueueSource, ms(tq))
+			barMissed(t, "%s: queue_ms null (source %q); truth %.1f ms", s.label, s.rec.QueueSource, ms(tq))
 			continue
 		}
 		if d := time.Duration(s.rec.Queue) - tq; d.Abs() > queueTolerance(tq) {
-			t.Errorf("%s: queue_ms %.1f (source %q), prefill_ms %.1f; truth queue %.1f ms, prefill %.1f ms: off by %+.1f ms (tolerance %.1f ms)",
+			barMissed(t, "%s: queue_ms %.1f (source %q), prefill_ms %.1f; truth queue %.1f ms, prefill %.1f ms: off by %+.1f ms (tolerance %.1f ms)",
 				s.label, s.rec.Queue.Millis(), s.rec.QueueSource, s.rec.Prefill.Millis(), ms(tq), ms(s.truthPrefill()), ms(d), ms(queueTolerance(tq)))
 		}
 	}

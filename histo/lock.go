@@ -1,0 +1,147 @@
+package histo
+
+import "time"
+
+// The batch lock (docs/queue-split.md "The batch lock"): some engines let
+// no slot start while a prefill batch computes. ollama's llamarunner
+// holds its runner mutex for the llama_decode of a batch (≤ 512 tokens)
+// and a request needs that mutex to take its slot, so on a multi-slot
+// ollama a request arriving during another's prefill waits for it,
+// though a slot is free. Whether the engine does is learned from the
+// traffic, as the head mode is: a request that arrived during another's
+// prefill and whose first output came too soon to have waited for it
+// says "free"; one whose first output came its prefill after that
+// prefill's end, and too late to have begun at once, says "held".
+
+// Lock learning parameters: the votes of the last lockWindow requests
+// that arrived during another's prefill decide; "held" needs lockMin votes
+// and lockRatio times the "free" ones.
+const (
+	lockWindow = 256
+	lockMin    = 4
+	lockRatio  = 4
+)
+
+// Lock votes.
+const (
+	lockNone uint8 = iota
+	lockFree       // its first output came before it could have waited
+	lockHeld       // it waited for the prefill in progress
+)
+
+// lockLearner learns whether the engine holds a batch lock. It is guarded
+// by occupancy.mu.
+type lockLearner struct {
+	votes  [lockWindow]uint8
+	next   int
+	counts [lockHeld + 1]int
+}
+
+func (l *lockLearner) observe(v uint8) {
+	if v == lockNone {
+		return
+	}
+	l.counts[l.votes[l.next]]--
+	l.votes[l.next] = v
+	l.counts[v]++
+	l.next = (l.next + 1) % lockWindow
+}
+
+// held reports whether the engine is learned to hold a batch lock.
+func (l *lockLearner) held() bool {
+	return l.counts[lockHeld] >= lockMin && l.counts[lockHeld] >= lockRatio*l.counts[lockFree]
+}
+
+// prefilling collects x for lockedQueue when x was prefilling after e's
+// arrival and before e's first output. The caller holds o.mu.
+func (o *occupancy) prefilling(x, e *occEntry) {
+	if x.occupies && x.pend > e.arrive && e.first >= 0 && x.lstart < e.first && x.pend > x.lstart && o.nPre < sweepMax {
+		o.pre[0][o.nPre], o.pre[1][o.nPre] = x.lstart, x.pend
+		o.nPre++
+	}
+}
+
+// lockEnd is when e's slot could start under a batch lock, given the
+// start start without one: after the prefills in progress then, and
+// after those in progress at that end, and so on (a prefill that began
+// with it, at the same placed start, shares its batch: ollama's waiting
+// requests take their slots together when the batch ends, though a
+// request that arrives a millisecond after another's slot start waits). It reads the entries
+// the last scan collected. The caller holds o.mu.
+func (o *occupancy) lockEnd(e occEntry, start int64) int64 {
+	for range o.nPre {
+		moved := false
+		for i := range o.nPre {
+			s0, f := o.pre[0][i], o.pre[1][i]
+			if startedFirst(s0, f, start, e.first) && start < f && f < e.first {
+				start, moved = f, true
+			}
+		}
+		if !moved {
+			break
+		}
+	}
+	return start
+}
+
+// lockedQueue learns from e, whose queue without a batch lock is queue,
+// and returns its queue with the lock when the engine is learned to hold
+// one. point and est are its prefill estimates (priors). The caller holds
+// o.mu.
+//
+// lstart is its start under the lock, learned or not: the requests after
+// it judge the lock by it (a start placed before the lock was learned
+// would make its prefill seem to cover theirs).
+func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, haveEst bool) (q time.Duration, lstart int64) {
+	start := e.arrive + int64(queue)
+	end := o.lockEnd(e, start)
+	o.lock.observe(lockVote(o, e, start, end, point, est, haveEst))
+	if end == start || !o.lock.held() {
+		return queue, end
+	}
+	return time.Duration(end - e.arrive), end
+}
+
+// lockVote is e's evidence: it started at start without a lock, at end
+// with one.
+func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Duration, haveEst bool) uint8 {
+	gap, from := e.first-end, e.first-start
+	switch {
+	case end > start && point > 0 && pointFits(gap, from, point):
+		return lockHeld
+	case end > start && point <= 0 && haveEst:
+		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
+		if from > bound && gap <= bound {
+			return lockHeld
+		}
+	}
+	for i := range o.nPre {
+		s0, f := o.pre[0][i], o.pre[1][i]
+		if startedFirst(s0, f, start, e.first) && start < f && f >= e.first+int64(endTolerance) {
+			return lockFree // its first output came during a prefill in progress at its start
+		}
+	}
+	switch {
+	case end == start:
+	case point > 0 && float64(gap) < pointLow*float64(point)-float64(pointSlack):
+		return lockFree // too soon after that prefill's end to have begun at it
+	}
+	return lockNone
+}
+
+// startedFirst reports whether a request whose slot started at s0 (under
+// the lock) and whose prefill ended at f took the engine's lock before a
+// request starting at start with its first output at first. Requests the
+// proxy sent within slotsOrderWindow of each other reached the engine in
+// an order of its own: the one whose prefill ended first was served
+// first. Equal starts are requests that took their slots together when
+// the same prefill ended: neither waits for the other.
+func startedFirst(s0, f, start, first int64) bool {
+	switch d := s0 - start; {
+	case d == 0:
+		return false
+	case d > -int64(slotsOrderWindow) && d < int64(slotsOrderWindow):
+		return f < first
+	}
+	return s0 < start
+}
