@@ -22,21 +22,22 @@ type refusal uint8
 
 // Refusals.
 const (
-	refuseFraming         refusal = iota + 1 // a request framed two ways, or with a name that is not a token
-	refuseBadRequest                         // a request fasthttp or the proxy could not read
-	refuseReadTimeout                        // the request was not read within --read-timeout
-	refuseHeadersTooLarge                    // request headers over --max-header-bytes
-	refuseBodyTooLarge                       // a body over --max-body-bytes
-	refuseClientGone                         // the client left before an answer
-	refuseOverloaded                         // request bodies in flight over --max-inflight-body-bytes
-	refusePoolExhausted                      // no upstream connection free within --max-conn-wait
-	refuseQueueFull                          // the limiter's queue is full
-	refuseQueueWait                          // the limiter's wait exceeded --max-queue-wait
-	refuseConnect                            // dialing the upstream failed
-	refuseUpstreamTimeout                    // the upstream was silent past --upstream-read-timeout before its head
-	refuseUpstreamBroken                     // the upstream closed, reset or answered malformed before its head
-	refuseInternal                           // a bug: the handler panicked
-	refuseVersion                            // a request line naming an HTTP version other than 1.0 or 1.1
+	refuseFraming           refusal = iota + 1 // a request framed two ways, or with a name that is not a token
+	refuseBadRequest                           // a request fasthttp or the proxy could not read
+	refuseReadTimeout                          // the request was not read within --read-timeout
+	refuseHeadersTooLarge                      // request headers over --max-header-bytes
+	refuseBodyTooLarge                         // a body over --max-body-bytes
+	refuseClientGone                           // the client left before an answer
+	refuseOverloaded                           // request bodies in flight over --max-inflight-body-bytes
+	refusePoolExhausted                        // no upstream connection free within --max-conn-wait
+	refuseQueueFull                            // the limiter's queue is full
+	refuseQueueWait                            // the limiter's wait exceeded --max-queue-wait
+	refuseConnect                              // dialing the upstream failed
+	refuseUpstreamTimeout                      // the upstream was silent past --upstream-read-timeout before its head
+	refuseUpstreamBroken                       // the upstream closed, reset or answered malformed before its head
+	refuseUnsolicitedSwitch                    // the upstream answered 101 to a request that asked for no such upgrade
+	refuseInternal                             // a bug: the handler panicked
+	refuseVersion                              // a request line naming an HTTP version other than 1.0 or 1.1
 )
 
 // after says what becomes of the client connection after a refusal.
@@ -67,8 +68,11 @@ var refusals = [...]struct {
 	refuseConnect:         {fasthttp.StatusBadGateway, SideUpstream, ErrConnect, keepAlive},
 	refuseUpstreamTimeout: {fasthttp.StatusGatewayTimeout, SideUpstream, ErrUpstreamTimeout, keepAlive},
 	refuseUpstreamBroken:  {fasthttp.StatusBadGateway, SideUpstream, ErrUpstreamBroken, keepAlive},
-	refuseInternal:        {fasthttp.StatusInternalServerError, SideProxy, ErrInternal, closeConn},
-	refuseVersion:         {fasthttp.StatusHTTPVersionNotSupported, SideClient, ErrBadRequest, closeConn},
+	// The client's request was read whole; only the upstream connection,
+	// now speaking who knows what, is lost (never pooled: relay.upgraded).
+	refuseUnsolicitedSwitch: {fasthttp.StatusBadGateway, SideUpstream, ErrUpstreamBroken, keepAlive},
+	refuseInternal:          {fasthttp.StatusInternalServerError, SideProxy, ErrInternal, closeConn},
+	refuseVersion:           {fasthttp.StatusHTTPVersionNotSupported, SideClient, ErrBadRequest, closeConn},
 }
 
 // upstreamFailure maps an error from the upstream round trip (before any

@@ -52,8 +52,7 @@ func (p *Proxy) switchProtocols(ctx *fasthttp.RequestCtx, r *relay) {
 	tr.Status = fasthttp.StatusSwitchingProtocols
 	if !r.upgrade || !bytes.EqualFold(bytes.TrimSpace(r.resp.Header.Peek("Upgrade")), bytes.TrimSpace(ctx.Request.Header.Peek("Upgrade"))) {
 		r.upgraded = true // never pooled: the connection left HTTP
-		r.fail(SideUpstream, ErrUpstreamBroken)
-		p.answerError(ctx, r, fasthttp.StatusBadGateway)
+		p.refuse(ctx, r, refuseUnsolicitedSwitch)
 		return
 	}
 	r.endWatch() // the tunnel reads the client from now on

@@ -467,6 +467,10 @@ func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
 	row := &refusals[why]
 	r.fail(row.side, row.kind)
 	p.answerError(ctx, r, row.status)
+	// Not row.after: fasthttp closes a connection whose request it could
+	// not read, after its ErrorHandler, whatever the handler asks; nothing
+	// can linger here (which is why the body limit is readBody's, not
+	// fasthttp's). Saying so keeps the response's Connection header true.
 	ctx.SetConnectionClose()
 }
 
