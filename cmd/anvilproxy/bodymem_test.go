@@ -60,24 +60,8 @@ func TestLargeBodiesMemory(t *testing.T) {
 	}))
 	t.Cleanup(up.Close)
 	s := startProc(t, up.URL)
-	msg := `{"role":"user","content":"` + strings.Repeat("a", 1<<20) + `"},`
-	body := []byte(`{"model":"m","messages":[` + strings.TrimSuffix(strings.Repeat(msg, 57), ",") + `]}`)
-	var wg sync.WaitGroup
-	codes := make([]int, n)
-	for i := range codes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := http.Post(s.proxyURL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
-			if err != nil {
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			codes[i] = resp.StatusCode
-		}()
-	}
-	wg.Wait()
+	body := bigPrompt(57)
+	codes := postAtOnce(s.proxyURL, n, func() io.Reader { return bytes.NewReader(body) })
 	peak := peakRSS(t, s.cmd.Process.Pid)
 	t.Logf("8 × %d MiB bodies: peak RSS %d MiB", len(body)>>20, peak>>20)
 	require.Equal(t, []int{200, 200, 200, 200, 200, 200, 200, 200}, codes)
@@ -98,8 +82,7 @@ func TestBodyBudgetBoundsMemory(t *testing.T) {
 		t.Skip("needs /proc")
 	}
 	const n = 16
-	msg := `{"role":"user","content":"` + strings.Repeat("a", 1<<20) + `"},`
-	body := []byte(`{"model":"m","messages":[` + strings.TrimSuffix(strings.Repeat(msg, 61), ",") + `]}`)
+	body := bigPrompt(61)
 	require.Less(t, len(body), int(64e6))
 	const budget = 1 << 30
 	for _, chunked := range []bool{false, true} {
@@ -122,26 +105,13 @@ func TestBodyBudgetBoundsMemory(t *testing.T) {
 			}))
 			t.Cleanup(up.Close)
 			s := startProc(t, up.URL)
-			var wg sync.WaitGroup
-			codes := make([]int, n)
-			for i := range codes {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var rd io.Reader = bytes.NewReader(body)
-					if chunked {
-						rd = io.MultiReader(rd) // no length: sent chunked
-					}
-					resp, err := http.Post(s.proxyURL+"/v1/chat/completions", "application/json", rd)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					codes[i] = resp.StatusCode
-				}()
-			}
-			wg.Wait()
+			codes := postAtOnce(s.proxyURL, n, func() io.Reader {
+				var rd io.Reader = bytes.NewReader(body)
+				if chunked {
+					rd = io.MultiReader(rd) // no length: sent chunked
+				}
+				return rd
+			})
 			peak := peakRSS(t, s.cmd.Process.Pid)
 			t.Logf("%d × %d MB bodies: peak RSS %d MiB (bound %d MiB)", n, len(body)/1e6, peak>>20, (budget*5/4+150<<20)>>20)
 			ok := 0
@@ -155,4 +125,32 @@ func TestBodyBudgetBoundsMemory(t *testing.T) {
 			require.LessOrEqual(t, peak, int64(budget*5/4+150<<20))
 		})
 	}
+}
+
+// bigPrompt is a chat request of mib messages of 1 MiB each.
+func bigPrompt(mib int) []byte {
+	msg := `{"role":"user","content":"` + strings.Repeat("a", 1<<20) + `"},`
+	return []byte(`{"model":"m","messages":[` + strings.TrimSuffix(strings.Repeat(msg, mib), ",") + `]}`)
+}
+
+// postAtOnce posts n bodies from body to the proxy's chat route at once
+// and returns their statuses (0 where the request failed).
+func postAtOnce(proxyURL string, n int, body func() io.Reader) []int {
+	var wg sync.WaitGroup
+	codes := make([]int, n)
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Post(proxyURL+"/v1/chat/completions", "application/json", body())
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[i] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	return codes
 }

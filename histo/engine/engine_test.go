@@ -64,14 +64,14 @@ func TestParse(t *testing.T) {
 	require.Error(t, err)
 }
 
-// engineStub serves a llama.cpp-style page whose counts the test sets.
-type engineStub struct {
+// enginePage serves a llama.cpp-style /metrics page whose counts the test sets.
+type enginePage struct {
 	running, waiting, prompt atomic.Int64
 	status                   atomic.Int64 // 0 = 200
 	hits                     atomic.Int64
 }
 
-func (e *engineStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (e *enginePage) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.hits.Add(1)
 	if s := e.status.Load(); s != 0 {
 		w.WriteHeader(int(s))
@@ -101,20 +101,20 @@ func (l *logs) all() []string {
 // TestLoadAt: the counts as last scraped at or before t, none before the
 // first scrape, none from a stale scrape.
 func TestLoadAt(t *testing.T) {
-	stub := &engineStub{}
-	srv := httptest.NewServer(stub)
+	page := &enginePage{}
+	srv := httptest.NewServer(page)
 	defer srv.Close()
 	s := New(Config{URL: srv.URL, Interval: time.Second})
 	before := time.Now()
 	_, _, ok := s.LoadAt(before)
 	require.False(t, ok, "nothing scraped")
 
-	stub.running.Store(1)
-	stub.waiting.Store(2)
+	page.running.Store(1)
+	page.waiting.Store(2)
 	require.NoError(t, s.Scrape(context.Background()))
 	first, _ := s.Last()
-	stub.running.Store(2)
-	stub.waiting.Store(5)
+	page.running.Store(2)
+	page.waiting.Store(5)
 	require.NoError(t, s.Scrape(context.Background()))
 	second, _ := s.Last()
 	require.True(t, second.At.After(first.At))
@@ -156,9 +156,9 @@ func TestAbsentLoggedOnceAndBacksOff(t *testing.T) {
 }
 
 func testAbsent(t *testing.T, code int) {
-	stub := &engineStub{}
-	stub.status.Store(int64(code))
-	srv := httptest.NewServer(stub)
+	page := &enginePage{}
+	page.status.Store(int64(code))
+	srv := httptest.NewServer(page)
 	defer srv.Close()
 	var l logs
 	s := New(Config{URL: srv.URL, Interval: 5 * time.Millisecond, Logf: l.logf})
@@ -170,7 +170,7 @@ func testAbsent(t *testing.T, code int) {
 	time.Sleep(200 * time.Millisecond)
 	cancel()
 	<-done
-	require.EqualValues(t, 1, stub.hits.Load())
+	require.EqualValues(t, 1, page.hits.Load())
 	require.Len(t, l.all(), 1)
 	require.Contains(t, l.all()[0], fmt.Sprint(code))
 	_, _, ok := s.LoadAt(time.Now())
@@ -214,17 +214,17 @@ func TestBounded(t *testing.T) {
 // proxy saw half the engine's prompt tokens (another front door sent the
 // rest), the ratio says 2.
 func TestAgreement(t *testing.T) {
-	stub := &engineStub{}
-	srv := httptest.NewServer(stub)
+	page := &enginePage{}
+	srv := httptest.NewServer(page)
 	defer srv.Close()
 	var proxyPrompt atomic.Int64
 	s := New(Config{URL: srv.URL, Totals: func() Totals { return Totals{PromptTokens: float64(proxyPrompt.Load())} }})
 	_, ok := s.Agreement()
 	require.False(t, ok)
-	stub.prompt.Store(100)
+	page.prompt.Store(100)
 	proxyPrompt.Store(40)
 	require.NoError(t, s.Scrape(context.Background()))
-	stub.prompt.Store(300)
+	page.prompt.Store(300)
 	proxyPrompt.Store(140)
 	require.NoError(t, s.Scrape(context.Background()))
 	g, ok := s.Agreement()
