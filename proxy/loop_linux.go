@@ -374,7 +374,7 @@ type loopStream struct {
 	l    *loop
 	r    *relay
 	c    *upConn
-	cc   net.Conn // the client connection as the listener gave it
+	cc   *countedConn // the client connection as the listener gave it, detached while the loop holds it
 	slot uint32
 	gen  uint32
 	srv  *fasthttp.Server
@@ -785,7 +785,7 @@ func (s *loopStream) finish(keep bool) {
 		p.pool.discard(c)
 	}
 	_ = r.resp.CloseBodyStream()
-	conn := cc
+	var conn net.Conn = cc
 	if len(s.prefix) > 0 {
 		conn = &prefixConn{Conn: cc, prefix: s.prefix}
 	}
@@ -836,8 +836,10 @@ func rawConnOf(c net.Conn) syscall.RawConn {
 
 // toLoop hands a streamed response to a loop, if it can go there: the
 // event loop is on, the server can take the connection back, both sockets
-// are plain TCP, and the client asked for no trailers. It reports whether
-// it did; then fasthttp writes nothing, and the loop owns the stream.
+// are plain TCP, the client connection came through Proxy.Listener (so
+// that it can outlive the hijack: countedConn.detach), and the client
+// asked for no trailers. It reports whether it did; then fasthttp writes
+// nothing, and the loop owns the stream.
 func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	if !p.cfg.EventLoop || r.clientHeader != nil {
 		return false
@@ -847,7 +849,11 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	if srv == nil || c == nil || c.raw != c.Conn { // TLS upstream: the loop reads raw sockets
 		return false
 	}
-	urc, crc := rawConnOf(c.raw), rawConnOf(ctx.Conn())
+	cc, ok := ctx.Conn().(*countedConn)
+	if !ok {
+		return false
+	}
+	urc, crc := rawConnOf(c.raw), rawConnOf(cc.Conn)
 	if urc == nil || crc == nil || nextLoop() == nil {
 		return false
 	}
@@ -857,7 +863,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	c.readDL.clear()
 	c.writeDL.clear()
 	s := newLoopStream()
-	s.r, s.c, s.cc, s.srv, s.urc, s.crc = r, c, ctx.Conn(), srv, urc, crc
+	s.r, s.c, s.cc, s.srv, s.urc, s.crc = r, c, cc, srv, urc, crc
 	switch cl := r.resp.Header.ContentLength(); {
 	case cl == -1:
 		s.mode = bodyChunked
@@ -879,6 +885,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	s.head = append(s.head, "\r\n"...)
 	r.endWatch() // the loop watches the client from now on
 	r.giveBuf()  // the loop reads into its own buffer: a held stream keeps no 16 KiB of its own
+	cc.detach()  // fasthttp's close after the hijack handler is ignored
 	p.hijack(ctx, s.hijacked, s.abandoned)
 	return true
 }
@@ -887,6 +894,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 // client connection without running hijacked): nothing reached the
 // client, and the engine's connection is closed.
 func (s *loopStream) abandoned() {
+	_ = s.cc.Close() // fasthttp's close was the one detach ignored
 	s.r.fail(SideClient, ErrClientGone)
 	_ = s.c.Close()
 	s.r.tr.ClientDone = time.Now()

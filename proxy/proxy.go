@@ -93,7 +93,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 	}
 	p.pool = newPool(&p.cfg, up, &p.stats)
 	p.relays.New = func() any {
-		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
+		r := &relay{p: p, parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
 		r.cw.gone = r.clientLeft
 		if r.maxHold <= 0 {
 			r.maxHold = sse.DefaultMaxEventBytes
@@ -149,10 +149,11 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		Logger:                       serverLog{p.log},
-		// The event loop keeps a hijacked connection for its stream and
-		// gives it back to the server after (ServeConn); the tunnel and
-		// the HTTP/1.0 body close theirs themselves.
-		KeepHijackedConns: p.cfg.EventLoop,
+		// fasthttp closes a hijacked connection when the hijack handler
+		// returns, and takes back its read buffer: the event loop, which
+		// keeps the connection for its stream and gives it back after
+		// (ServeConn), detaches it first so that the close is ignored
+		// (countedConn.detach).
 	}
 	p.srv.Store(srv)
 	return srv
@@ -236,7 +237,6 @@ func (p *Proxy) begin(ctx *fasthttp.RequestCtx, recv time.Time) *relay {
 // upstream headers are in.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
-	r.takeBuf()
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
 	flushEachResponse(ctx)
