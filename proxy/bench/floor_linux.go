@@ -159,39 +159,48 @@ func (l *floorLoop) run() {
 	if err != nil {
 		return
 	}
-	n := 0
+	// The events are handled inside the callback, which parks only after
+	// a wait that was not full, as the proxy's loops do: one epoll_wait
+	// per wake.
 	wait := func(fd uintptr) bool {
-		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
-		n = int(r)
-		if errno != 0 {
-			n = 0
+		for {
+			r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
+			n := int(r)
+			if errno != 0 {
+				n = 0
+			}
+			for i := range evs[:n] {
+				l.handle(&evs[i])
+			}
+			if n < len(evs) {
+				return false
+			}
 		}
-		return n > 0
 	}
-	for {
-		n = 0
-		if rc.Read(wait) != nil {
-			return
-		}
-		for i := range evs[:n] {
-			c := l.lookup(int(evs[i].Fd))
-			if c == nil || c.closed {
-				continue
-			}
-			e := evs[i].Events
-			if e&syscall.EPOLLOUT != 0 && len(c.pending) > 0 {
-				l.flush(c)
-			}
-			if e&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 && !c.blocked {
-				l.pump(c)
-			}
-		}
+	for rc.Read(wait) == nil {
 	}
 }
 
-// pump reads src until the socket is drained, writing each read to its
-// peer; a short write parks the rest and blocks src.
-func (l *floorLoop) pump(src *floorConn) {
+// handle relays what one event announces.
+func (l *floorLoop) handle(ev *syscall.EpollEvent) {
+	c := l.lookup(int(ev.Fd))
+	if c == nil || c.closed {
+		return
+	}
+	e := ev.Events
+	if e&syscall.EPOLLOUT != 0 && len(c.pending) > 0 {
+		l.flush(c)
+	}
+	if e&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 && !c.blocked {
+		l.pump(c, e&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0)
+	}
+}
+
+// pump copies src to its peer until src is drained. A read shorter than
+// the buffer drained it (edge-triggered: the next bytes bring a new
+// event), as the proxy's loops take it, unless drain is set: the peer
+// closed, and the EOF after the bytes brings no new event.
+func (l *floorLoop) pump(src *floorConn, drain bool) {
 	for !src.closed && !src.blocked {
 		n, err := syscall.Read(src.fd, l.buf)
 		if err == syscall.EAGAIN {
@@ -213,6 +222,10 @@ func (l *floorLoop) pump(src *floorConn) {
 		if w < n {
 			dst.pending = append(dst.pending[:0], l.buf[w:n]...)
 			src.blocked = true
+			return
+		}
+		if n < len(l.buf) && !drain {
+			return
 		}
 	}
 }
@@ -244,7 +257,7 @@ func (l *floorLoop) flush(c *floorConn) {
 	c.pending = c.pending[:copy(c.pending, c.pending[w:])]
 	if len(c.pending) == 0 {
 		c.peer.blocked = false
-		l.pump(c.peer)
+		l.pump(c.peer, true) // no event says what came meanwhile
 	}
 }
 
