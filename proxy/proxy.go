@@ -40,6 +40,7 @@ type Proxy struct {
 	stats  Stats
 	log    *zap.Logger
 	rec    Recorder
+	first  FirstOutputObserver // rec's, when it observes first outputs live; else nil
 	models *modelSet
 	limit  *limiter // nil without --max-inflight
 	retry  *retry.Tracker
@@ -91,6 +92,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		retry:  retry.New(retry.Config{Window: cfg.RetryWindow, MaxBytes: cfg.RetryMaxBytes}),
 		prefix: pt,
 	}
+	p.first, _ = rec.(FirstOutputObserver)
 	p.pool = newPool(&p.cfg, up, &p.stats)
 	p.relays.New = func() any {
 		r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}

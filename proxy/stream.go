@@ -309,6 +309,9 @@ func (r *relay) onEvent(t time.Time) {
 	if f&(sse.FlagReasoning|sse.FlagContent|sse.FlagToolCall) != 0 {
 		if tr.FirstOutput.IsZero() {
 			tr.FirstOutput = t
+			if r.p.first != nil {
+				r.p.first.FirstOutput(tr)
+			}
 		} else {
 			r.p.rec.ObserveGap(t.Sub(tr.LastToken))
 		}
