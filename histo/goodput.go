@@ -69,7 +69,11 @@ func (s SLO) String() string { return s.Metric + "=" + s.Threshold.String() }
 // which the goodput-vs-budget curve is evaluated.
 var CurveMultiples = [...]float64{0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4}
 
-// maxSLOs bounds Config.SLOs: one per metric (New rejects duplicates).
+// maxSLOs bounds Config.SLOs: one per metric (New rejects duplicates), so
+// it is the number of rows of the phase table marked slo. It is written
+// out, not counted, because it sizes the tally's arrays, which keep Record
+// from allocating, and a constant cannot count a table's rows;
+// TestMaxSLOsIsTheSLORows fails when a row's slo mark changes without it.
 const maxSLOs = 5
 
 // tally counts goodput in fixed arrays so that Record does not allocate.

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -44,6 +45,20 @@ func TestNewRejectsBadSLOs(t *testing.T) {
 	require.ErrorContains(t, err, "twice")
 	_, err = New(Config{SLOs: []SLO{{"bogus", time.Second}}}, nil)
 	require.ErrorContains(t, err, "one of")
+}
+
+// TestMaxSLOsIsTheSLORows: the tally holds one SLO per row of the phase
+// table marked slo, and New takes one of each at once.
+func TestMaxSLOsIsTheSLORows(t *testing.T) {
+	require.Len(t, SLONames(), maxSLOs)
+	var slos []SLO
+	for _, name := range SLONames() {
+		s, err := ParseSLO(name + "=1s")
+		require.NoError(t, err)
+		slos = append(slos, s)
+	}
+	_, err := New(Config{SLOs: slos}, prometheus.NewRegistry())
+	require.NoError(t, err)
 }
 
 func TestGoodput(t *testing.T) {
