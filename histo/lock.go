@@ -109,6 +109,15 @@ func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Durati
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
 		return lockHeld
+	case end > start && point > 0 && o.sharedStart(end) && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
+		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
+		// It took its slot with others when that prefill ended: they
+		// share their batches (ollama decodes one batch of all their
+		// prompts' chunks on one thread), so its prefill from there is
+		// longer than its own estimate (P=4, three requests waiting for
+		// a 611-token prefill: 1.99 s each from there, against ~0.6 s
+		// alone), and none of them could have begun sooner.
+		return lockHeld
 	case end > start && point <= 0 && haveEst:
 		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
 		if from > bound && gap <= bound {
@@ -127,6 +136,18 @@ func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Durati
 		return lockFree // too soon after that prefill's end to have begun at it
 	}
 	return lockNone
+}
+
+// sharedStart reports whether a request prefilling during e's wait took
+// its slot at start too (its start under the lock). The caller holds
+// o.mu.
+func (o *occupancy) sharedStart(start int64) bool {
+	for i := range o.nPre {
+		if o.pre[0][i] == start {
+			return true
+		}
+	}
+	return false
 }
 
 // startedFirst reports whether a request whose slot started at s0 (under
