@@ -400,4 +400,13 @@ func TestBatchLockSharedBatches(t *testing.T) {
 		require.Equal(t, SourceOccupancy, rq.QueueSource)
 		require.InDelta(t, 599-float64(i), rq.Queue.Millis(), 25, "request %d waited for the holder's prefill", i+1)
 	}
+
+	// A request whose first output came 2 ms after one of theirs shared
+	// their batches: it did not wait for that prefill to end (a prefill of
+	// 2 ms is none), though it arrived during it.
+	late := served(100000+2*20000+1000, 100000+2*20000+2404, 100000+2*20000+2600, 3)
+	late.PromptTokens, late.CachedTokens = 600, 0
+	r.Record(&late)
+	rq := r.Recent(1)[0]
+	require.GreaterOrEqual(t, rq.Prefill.Millis(), 300.0, "queue %.1f ms", rq.Queue.Millis())
 }
