@@ -316,10 +316,13 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ct := r.resp.Header.ContentType()
+	r.proto = tr.Route.Protocol()
 	r.isSSE = isEventStream(ct)
+	if !r.isSSE && r.proto == sse.ProtocolOllama && isNDJSON(ct) {
+		r.startNDJSON()
+	}
 	tr.Stream = r.isSSE
 	r.inject = r.isSSE && tr.UsageInject
-	r.proto = tr.Route.Protocol()
 	if !r.isSSE && r.proto != sse.ProtocolUnknown && isJSON(ct) {
 		r.capture = r.capture[:0:cap(r.capture)]
 		if r.capture == nil {
@@ -522,7 +525,7 @@ func (p *Proxy) finish(r *relay) {
 	if r.isSSE && r.proto != sse.ProtocolUnknown && !r.sawEnd && tr.ErrKind == ErrNone {
 		tr.Truncated = true // a known protocol ended without its end marker
 	}
-	if r.isSSE && r.parser.Pending() > 0 {
+	if r.isSSE && r.pending() > 0 {
 		tr.Truncated = true
 	}
 	if tr.Truncated && r.proto != sse.ProtocolUnknown {
@@ -620,9 +623,12 @@ func (r *relay) reset() {
 	r.resp.Reset()
 	r.conn, r.clientHeader, r.trailers = nil, nil, false
 	r.wdl.clear()
-	r.isSSE = false
+	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()
+	if r.lines != nil {
+		r.lines.Reset()
+	}
 	r.usage = sse.UnknownUsage()
 	r.timing = sse.UnknownTiming()
 	r.capture = r.capture[:0]

@@ -507,6 +507,8 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/messages", s.generation(newMessages)},
 		{"POST", "/completion", s.generation(newNative)},
 		{"POST", "/completions", s.generation(newNative)},
+		{"POST", "/api/generate", s.generation(newOllamaGenerate)},
+		{"POST", "/api/chat", s.generation(newOllamaChat)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
 		{"GET", "/metrics", s.metrics.ServeHTTP},
