@@ -30,8 +30,8 @@ import (
 
 // Defaults of the conversation state bounds.
 const (
-	DefaultMaxConversations = 4096
-	DefaultConversationIdle = 30 * time.Minute
+	defaultMaxConversations = 4096
+	defaultConversationIdle = 30 * time.Minute
 )
 
 const (

@@ -116,7 +116,7 @@ type EngineSection struct {
 	PrefillRatio     Float `json:"prefill_seconds_ratio"`
 }
 
-// engineReporter is what EngineSection needs of the EngineLoad: the
+// engineReporter is what engineSection needs of the EngineLoad: the
 // scraper of histo/engine has it; another EngineLoad yields no section.
 type engineReporter interface {
 	Status() (engine.State, int64, error)
@@ -124,9 +124,9 @@ type engineReporter interface {
 	Agreement() (engine.Agreement, bool)
 }
 
-// EngineSection reads the engine's /metrics as last scraped; nil when no
+// engineSection reads the engine's /metrics as last scraped; nil when no
 // scraper is set. Safe for concurrent use.
-func (r *Recorder) EngineSection() *EngineSection {
+func (r *Recorder) engineSection() *EngineSection {
 	b := r.load.Load()
 	if b == nil {
 		return nil

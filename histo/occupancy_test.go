@@ -276,6 +276,43 @@ func TestOccupancyAbandonedPrefill(t *testing.T) {
 	require.InDelta(t, 390, r2.Recent(1)[0].Queue.Millis(), 5)
 }
 
+// TestOccupancyAbandonedPrefillMisjudged: the held slot is the cost
+// model's estimate of the abandoned prefill (400 ms here), and the engine
+// may take longer or shorter (ollama's 2,000-token abandoned prefill ran
+// past the estimate, or ended before the next request's first output,
+// depending on the host's load: queue 0 in one run). The next request's
+// own prefill, whose new tokens are known, tells when it began.
+func TestOccupancyAbandonedPrefillMisjudged(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		slot, first, want float64 // the engine let the abandoned slot go at slot; want: the queue
+	}{
+		{"the engine took longer", 10700, 10800, 690},
+		{"the engine took less, before the next request's first output", 10200, 10300, 190},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _, _ := newTest(t, Config{})
+			for i := range 8 { // 20,000 tokens/s
+				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
+				r.Record(&tr)
+			}
+			gone := served(10000, 0, 0, 0)
+			gone.PromptTokens = 8000 // 400 ms by the model; the client left at 50 ms
+			gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
+			gone.End, gone.ClientDone = at(10050), at(10050)
+			gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 0
+			gone.UsageSeen, gone.CompletionTokens = false, -1
+			next := served(10010, tc.first, tc.first+200, 1) // 2,000 new tokens: 100 ms of prefill
+			next.CachedTokens = 0
+			r.Record(&gone)
+			r.Record(&next)
+			rq := r.Recent(1)[0]
+			require.Equal(t, SourceOccupancy, rq.QueueSource)
+			require.InDelta(t, tc.want, rq.Queue.Millis(), max(25, tc.want/10), "within max(25 ms, 10%%)")
+		})
+	}
+}
+
 func TestSlotLearnerWindow(t *testing.T) {
 	l := newSlotLearner(0)
 	require.Equal(t, 1, l.effective(), "nothing learned: 1")
@@ -319,4 +356,12 @@ func TestOccupancyBeforeFirstRecorded(t *testing.T) {
 	require.Equal(t, SourceOccupancy, rq.QueueSource)
 	require.Equal(t, Span(0), rq.Queue)
 	require.Equal(t, 2, r.Slots().Effective, "they ran side by side")
+}
+
+// TestFirstOutputAllocs: the live first-output hook runs on the relay
+// path: no allocations.
+func TestFirstOutputAllocs(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	tr := monotonic(served(0, 100, 300, 0))
+	require.Zero(t, testing.AllocsPerRun(500, func() { tr.ID++; r.FirstOutput(&tr) }))
 }

@@ -24,9 +24,10 @@ const relayBufSize = 16 << 10
 // the upstream body to the client read by read, and measures each read only
 // after it has been written and flushed (forward first, measure second).
 //
-// A relay is owned by one request: the handler fills it, then fasthttp's
-// connection goroutine calls WriteTo and finally CloseWithError, which
-// emits the Trace and returns the relay to the pool. It is never shared.
+// A relay is owned by one request at a time, one goroutine at a time: the
+// handler fills it, then whoever relays the body (fasthttp's WriteTo and
+// CloseWithError, a hijack, the event loop) until finish records the Trace
+// and returns it to the pool; lifecycle.go tells who owns it when.
 type relay struct {
 	p    *Proxy
 	req  fasthttp.Request  // the request sent upstream; its body is read again at the end
@@ -169,7 +170,7 @@ func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 // cannot wait on the engine.
 func (r *relay) bodyBuffered(size int) bool {
 	c := r.up.Load()
-	return c != nil && c.br.Buffered() >= size
+	return c != nil && c.buffered() >= size
 }
 
 // Read serves fasthttp paths that do not use WriteTo. The chunk is measured
@@ -188,30 +189,6 @@ func (r *relay) Read(p []byte) (int, error) {
 		r.fail(SideUpstream, streamFailure(err))
 	}
 	return n, err
-}
-
-// CloseWithError is called by fasthttp once the response is written, or
-// abandoned, with the client write error if any. A body not read to its end
-// leaves the upstream connection mid-response: release closes it, which is
-// how the engine learns that nobody reads the generation any more.
-func (r *relay) CloseWithError(err error) error {
-	r.tr.ClientDone = time.Now()
-	r.endWatch() // before the upstream connection can go back to its pool
-	if err != nil {
-		r.fail(SideClient, ErrClientGone)
-	}
-	if !r.atEOF {
-		if r.tr.ErrKind == ErrNone {
-			r.fail(SideClient, ErrClientGone) // abandoned without a write error (server shutdown)
-		}
-	}
-	if r.conn != nil && r.wdl.set() {
-		_ = r.conn.SetWriteDeadline(time.Time{})
-		r.wdl.clear()
-	}
-	_ = r.resp.CloseBodyStream()
-	r.p.finish(r)
-	return nil
 }
 
 // endWatch stops the client watch, once; when it returns the watch can no
@@ -343,6 +320,9 @@ func (r *relay) onEvent(t time.Time) {
 	if f&(sse.FlagReasoning|sse.FlagContent|sse.FlagToolCall) != 0 {
 		if tr.FirstOutput.IsZero() {
 			tr.FirstOutput = t
+			if r.p.first != nil {
+				r.p.first.FirstOutput(tr)
+			}
 		} else {
 			r.p.rec.ObserveGap(t.Sub(tr.LastToken))
 		}
