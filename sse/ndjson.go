@@ -7,7 +7,8 @@ import "bytes"
 // pieces of any size, into one Event per line, as Parser does for
 // text/event-stream. An Event's Data is the line without its LF (or CRLF);
 // Type and ID are nil, Retry is -1, and Offset and Len tile the stream as
-// Parser's do: a blank line's bytes belong to the next line's range.
+// Parser's do: a blank or dropped line's bytes belong to the next line's
+// range.
 // Blank lines are skipped. A line whose bytes exceed the limit is dropped:
 // Next returns ErrEventTooLarge once for it and goes on after its LF.
 //
@@ -77,8 +78,9 @@ func (l *Lines) Next(ev *Event) (bool, error) {
 		end := l.base + int64(l.pos)
 		if l.discard || l.size > l.max {
 			tooLarge := !l.discard
+			// Its bytes join the next line's range, as Parser's
+			// dropped events do.
 			l.discard, l.size, l.line = false, 0, l.line[:0]
-			l.start = end
 			if tooLarge {
 				return false, ErrEventTooLarge
 			}

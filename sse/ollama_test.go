@@ -169,3 +169,42 @@ func TestOllamaRecordedStreams(t *testing.T) {
 		require.Less(t, tm.LoadMs+tm.PrefillMs+tm.DecodeMs, tm.TotalMs, name)
 	}
 }
+
+// FuzzLines holds Lines, fed in pieces, to a plain split of the whole
+// input on LF: the same lines, the same drops of lines beyond the limit,
+// the same pending tail.
+func FuzzLines(f *testing.F) {
+	for _, b := range ndjsonFiles(f) {
+		f.Add(b, uint8(7))
+	}
+	f.Add([]byte("a\r\n\n  \nbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\nc"), uint8(3))
+	f.Fuzz(func(t *testing.T, in []byte, piece uint8) {
+		const limit = 64
+		n := int(piece%32) + 1
+		var want []string
+		drops := 0
+		parts := bytes.Split(in, []byte("\n"))
+		for _, p := range parts[:len(parts)-1] {
+			switch {
+			case len(p) > limit:
+				drops++
+			case len(bytes.TrimSpace(bytes.TrimSuffix(p, []byte("\r")))) > 0:
+				want = append(want, string(bytes.TrimSuffix(p, []byte("\r"))))
+			}
+		}
+		tail := parts[len(parts)-1]
+		if len(tail) > limit {
+			drops++
+		}
+		l := NewLines(limit)
+		got, ranges, tooLarge := splitLines(t, l, in, n)
+		require.Equal(t, want, got)
+		require.Equal(t, drops, tooLarge)
+		require.Equal(t, len(tail), l.Pending())
+		var off int64
+		for _, r := range ranges {
+			require.Equal(t, off, r[0])
+			off += r[1]
+		}
+	})
+}
