@@ -213,7 +213,8 @@ func (r *Recorder) gauges() []prometheus.Collector {
 // anvilproxy_requests_total only.
 func inference(rt proxy.Route) bool {
 	switch rt {
-	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion:
+	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion,
+		proxy.RouteOllamaGenerate, proxy.RouteOllamaChat:
 		return true
 	}
 	return false

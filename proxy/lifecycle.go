@@ -180,7 +180,7 @@ func (p *Proxy) finish(r *relay) {
 	if r.isSSE && r.proto != sse.ProtocolUnknown && !r.sawEnd && tr.ErrKind == ErrNone {
 		tr.Truncated = true // a known protocol ended without its end marker
 	}
-	if r.isSSE && r.parser.Pending() > 0 {
+	if r.isSSE && r.pending() > 0 {
 		tr.Truncated = true
 	}
 	if tr.Truncated && r.proto != sse.ProtocolUnknown {
@@ -252,9 +252,12 @@ func (r *relay) reset() {
 	r.resp.Reset()
 	r.conn, r.clientHeader, r.trailers = nil, nil, false
 	r.wdl.clear()
-	r.isSSE = false
+	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()
+	if r.lines != nil {
+		r.lines.Reset()
+	}
 	r.usage = sse.UnknownUsage()
 	r.timing = sse.UnknownTiming()
 	r.capture = r.capture[:0]

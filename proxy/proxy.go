@@ -298,10 +298,13 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ct := r.resp.Header.ContentType()
+	r.proto = tr.Route.Protocol()
 	r.isSSE = isEventStream(ct)
+	if !r.isSSE && r.proto == sse.ProtocolOllama && isNDJSON(ct) {
+		r.startNDJSON()
+	}
 	tr.Stream = r.isSSE
 	r.inject = r.isSSE && tr.UsageInject
-	r.proto = tr.Route.Protocol()
 	if !r.isSSE && r.proto != sse.ProtocolUnknown && isJSON(ct) {
 		r.capture = r.capture[:0:cap(r.capture)]
 		if r.capture == nil {
