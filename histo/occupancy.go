@@ -144,21 +144,23 @@ type placement struct {
 // concurrent use; its mutex is held for the scan of the requests that
 // overlapped one request (a few hundred nanoseconds).
 type occupancy struct {
-	mu    sync.Mutex
-	epoch time.Time
-	set   bool
-	ring  [occRing]occEntry // in Record order, newest at next−1
-	next  int
-	n     int
-	ends  [occMaxAhead]int64 // scratch: ends of the requests ahead
-	softs [softMax]int       // scratch: the indices in ends of soft ends (occEntry.soft), in scan order
-	nSoft int
-	runs  [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
-	nRuns int
-	pre   [2][sweepMax]int64 // scratch: slot starts and prefill ends of the requests prefilling during one's wait
-	nPre  int
-	slots slotLearner
-	lock  lockLearner
+	mu     sync.Mutex
+	epoch  time.Time
+	set    bool
+	ring   [occRing]occEntry // in Record order, newest at next−1
+	next   int
+	n      int
+	ends   [occMaxAhead]int64 // scratch: ends of the requests ahead
+	softs  [softMax]int       // scratch: the indices in ends of soft ends (occEntry.soft), in scan order
+	nSoft  int
+	runs   [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
+	nRuns  int
+	pre    [2][sweepMax]int64 // scratch: slot starts and prefill ends of the requests prefilling during one's wait
+	nPre   int
+	slots  slotLearner
+	lock   lockLearner
+	live   liveTable      // the requests in flight with their first output seen (lock-free; read under mu)
+	liveAt [sweepMax]live // scratch: liveAhead's
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real
@@ -241,10 +243,16 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		return placement{}, false
 	}
 	e.pt = int64(max(pr.point, 0))
+	o.live.done(tr.ID)
 	m, mAdmit, complete := o.scan(e)
 	// Requests in flight at admission that are not recorded yet end after
-	// this one: they are ahead, and still there.
-	n := m + max(0, tr.InflightAtAdmit-mAdmit)
+	// this one: they are ahead, and still there, unless their first
+	// output, seen live, says the engine served them after it.
+	behind := 0
+	if complete {
+		behind = o.liveAhead(e, tr.ID)
+	}
+	n := m + max(0, tr.InflightAtAdmit-mAdmit-behind)
 	ends := o.ends[:m]
 	if !complete || e.first < 0 {
 		if complete && abandoned > 0 {

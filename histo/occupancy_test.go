@@ -357,3 +357,11 @@ func TestOccupancyBeforeFirstRecorded(t *testing.T) {
 	require.Equal(t, Span(0), rq.Queue)
 	require.Equal(t, 2, r.Slots().Effective, "they ran side by side")
 }
+
+// TestFirstOutputAllocs: the live first-output hook runs on the relay
+// path: no allocations.
+func TestFirstOutputAllocs(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	tr := monotonic(served(0, 100, 300, 0))
+	require.Zero(t, testing.AllocsPerRun(500, func() { tr.ID++; r.FirstOutput(&tr) }))
+}

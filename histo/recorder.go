@@ -156,6 +156,7 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	r := &Recorder{cfg: cfg, reg: reg, prom: newMetrics(), start: cfg.Now()}
 	r.cur = newWindow(r.start, 0)
 	r.occ.slots = newSlotLearner(cfg.EngineSlots)
+	r.occ.live.base = time.Now()
 	if cfg.EngineLoad != nil {
 		r.SetEngineLoad(cfg.EngineLoad)
 	}

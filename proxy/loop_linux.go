@@ -300,9 +300,18 @@ func (l *loop) start(s *loopStream) {
 	s.registered = true
 	// What the head's read took from the socket beyond the head is the
 	// body's first bytes: relayed before the socket is read.
-	if b := s.c.br.Buffered(); b > 0 {
-		raw := l.buf[loopRoom : loopRoom+b]
+	// The loop reads the raw socket from now on: the connection's reader
+	// and fasthttp's body stream over it are done with, and the reader goes
+	// back to its pool, so a held stream keeps no 16 KiB of its own.
+	b := s.c.buffered()
+	var raw []byte
+	if b > 0 {
+		raw = l.buf[loopRoom : loopRoom+b]
 		_, _ = io.ReadFull(s.c.br, raw)
+	}
+	_ = s.r.resp.CloseBodyStream()
+	s.c.giveReader()
+	if b > 0 {
 		s.lastRead = time.Now()
 		s.relayRead(raw, s.lastRead)
 	}
@@ -890,6 +899,7 @@ func (s *loopStream) abandoned() {
 func (s *loopStream) hijacked(hjc net.Conn) {
 	_ = hjc.SetWriteDeadline(time.Now().Add(s.r.p.cfg.ClientWriteTimeout))
 	_, err := hjc.Write(s.head)
+	s.head = nil // not kept while the stream is held
 	_ = hjc.SetWriteDeadline(time.Time{})
 	if err != nil {
 		s.r.fail(SideClient, ErrClientGone)

@@ -42,6 +42,7 @@ type Proxy struct {
 	stats  Stats
 	log    *zap.Logger
 	rec    Recorder
+	first  FirstOutputObserver // rec's, when it observes first outputs live; else nil
 	models *modelSet
 	limit  *limiter // nil without --max-inflight
 	retry  *retry.Tracker
@@ -93,6 +94,7 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		retry:  retry.New(retry.Config{Window: cfg.RetryWindow, MaxBytes: cfg.RetryMaxBytes}),
 		prefix: pt,
 	}
+	p.first, _ = rec.(FirstOutputObserver)
 	p.pool = newPool(&p.cfg, up, &p.stats)
 	p.relays.New = func() any { return p.newRelay() }
 	return p, nil

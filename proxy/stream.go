@@ -164,7 +164,7 @@ func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 // cannot wait on the engine.
 func (r *relay) bodyBuffered(size int) bool {
 	c := r.up.Load()
-	return c != nil && c.br.Buffered() >= size
+	return c != nil && c.buffered() >= size
 }
 
 // Read serves fasthttp paths that do not use WriteTo. The chunk is measured
@@ -286,6 +286,9 @@ func (r *relay) onEvent(t time.Time) {
 	if f&(sse.FlagReasoning|sse.FlagContent|sse.FlagToolCall) != 0 {
 		if tr.FirstOutput.IsZero() {
 			tr.FirstOutput = t
+			if r.p.first != nil {
+				r.p.first.FirstOutput(tr)
+			}
 		} else {
 			r.p.rec.ObserveGap(t.Sub(tr.LastToken))
 		}
