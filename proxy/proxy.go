@@ -403,12 +403,7 @@ func (p *Proxy) admit(r *relay) refusal {
 // large headers, 408 for a read timeout, 499 for a client gone mid-request,
 // 400 otherwise. The connection closes: what was read is not a request.
 func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	r := p.relays.Get().(*relay)
-	r.tr.ID = p.nextID.Add(1)
-	r.tr.Recv = time.Now()
-	r.tr.Method = methodOf(ctx.Method())
-	p.inflight.Add(1)
-	r.counted = true
+	r := p.beginUnread(ctx, time.Now())
 	why := bodyFailure(err)
 	row := &refusals[why]
 	r.fail(row.side, row.kind)
