@@ -60,7 +60,7 @@ import (
 
 // newRelay is the pool's constructor: a relay with its buffers, reset.
 func (p *Proxy) newRelay() *relay {
-	r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(p.cfg.MaxEventBytes), maxHold: p.cfg.MaxEventBytes}
+	r := &relay{p: p, parser: sse.NewParser(p.cfg.MaxEventBytes), maxHold: p.cfg.MaxEventBytes}
 	r.cw.gone = r.clientLeft
 	if r.maxHold <= 0 {
 		r.maxHold = sse.DefaultMaxEventBytes

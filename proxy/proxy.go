@@ -145,10 +145,11 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		Logger:                       serverLog{p.log},
-		// The event loop keeps a hijacked connection for its stream and
-		// gives it back to the server after (ServeConn); the tunnel and
-		// the HTTP/1.0 body close theirs themselves.
-		KeepHijackedConns: p.cfg.EventLoop,
+		// fasthttp closes a hijacked connection when the hijack handler
+		// returns, and takes back its read buffer: the event loop, which
+		// keeps the connection for its stream and gives it back after
+		// (ServeConn), detaches it first so that the close is ignored
+		// (countedConn.detach).
 	}
 	p.srv.Store(srv)
 	return srv
@@ -218,7 +219,6 @@ func knownVersion(proto []byte) bool {
 // upstream headers are in.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
-	r.takeBuf()
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
 	flushEachResponse(ctx)
