@@ -301,8 +301,12 @@ func TestHeadSlotStartAccuracy(t *testing.T) {
 // arrivals by their first outputs. The last bursts are within the bar.
 func TestBatchLockAccuracy(t *testing.T) {
 	skipInaccurate(t)
-	for _, jitter := range []time.Duration{0, 2 * time.Millisecond} {
-		t.Run(fmt.Sprintf("jitter %v", jitter), func(t *testing.T) {
+	for _, tc := range []struct {
+		jitter     time.Duration
+		holderLast bool // the long prompt that holds the lock has the longest answer: it ends, and is recorded, last
+	}{{0, false}, {2 * time.Millisecond, false}, {0, true}} {
+		jitter := tc.jitter
+		t.Run(fmt.Sprintf("jitter %v holder ends last %v", jitter, tc.holderLast), func(t *testing.T) {
 			cfg := slotEngine(slotCase{engine: sim.EngineOllama, slots: 4})
 			cfg.BatchLock, cfg.ArrivalJitter = sim.LockPrefill, jitter
 			s, err := sim.New(cfg)
@@ -336,8 +340,14 @@ func TestBatchLockAccuracy(t *testing.T) {
 						tokens = 1000
 					}
 					reqs[i] = burstReq{id: id, body: msgsBody(coldPrompt(id, tokens), 4096), maxTokens: 5 + 20*b + 3*i}
-					if jitter > 0 {
+					switch {
+					case jitter > 0:
 						reqs[i].maxTokens = 40 + 20*b + i
+					case tc.holderLast && i == 0:
+						// Recorded after those that waited for its
+						// prefill: they see it only by its first output,
+						// live (proxy.FirstOutputObserver).
+						reqs[i].maxTokens = 90 + 20*b
 					}
 				}
 				var wg sync.WaitGroup

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -46,6 +47,20 @@ func TestNewRejectsBadSLOs(t *testing.T) {
 	require.ErrorContains(t, err, "one of")
 }
 
+// TestMaxSLOsIsTheSLORows: the tally holds one SLO per row of the phase
+// table marked slo, and New takes one of each at once.
+func TestMaxSLOsIsTheSLORows(t *testing.T) {
+	require.Len(t, SLONames(), maxSLOs)
+	var slos []SLO
+	for _, name := range SLONames() {
+		s, err := ParseSLO(name + "=1s")
+		require.NoError(t, err)
+		slos = append(slos, s)
+	}
+	_, err := New(Config{SLOs: slos}, prometheus.NewRegistry())
+	require.NoError(t, err)
+}
+
 func TestGoodput(t *testing.T) {
 	r, reg, _ := newTest(t, Config{SLOs: []SLO{{"ttft", 2 * time.Second}, {"tpot", 20 * time.Millisecond}}})
 
@@ -74,7 +89,7 @@ func TestGoodput(t *testing.T) {
 	require.Equal(t, int64(2), win.Curves[0].Met) // ttft
 	require.Equal(t, int64(3), win.Curves[1].Met) // tpot
 
-	curve := r.GoodputCurve()[0]
+	curve := r.goodputCurve()[0]
 	require.Equal(t, "ttft", curve.Metric)
 	shares := map[float64]Float{}
 	for _, p := range curve.Points {

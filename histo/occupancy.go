@@ -64,6 +64,9 @@ const (
 	epochMargin = 24 * time.Hour
 	// sweepMax bounds the requests the concurrency sweep looks at.
 	sweepMax = 64
+	// softMax bounds the soft ends (abandoned prefills) among one
+	// request's requests ahead that its own prefill may move.
+	softMax = 8
 	// A request "waited for another's end" (tight) when it would otherwise
 	// have spent at least minWait in the engine before that end, and its
 	// first output followed the end within what its prefill can take:
@@ -106,6 +109,10 @@ type occEntry struct {
 	// first output less pt is when it began, which orders it among the
 	// requests sent with it (ahead).
 	pt int64
+	// soft says end is not a stamp but the cost model's estimate of when
+	// the engine finished a prefill whose client left (abandonedStart):
+	// the request that waited for it knows better (softEnd).
+	soft bool
 }
 
 // placement is where a request stood on the engine's timeline.
@@ -137,19 +144,23 @@ type placement struct {
 // concurrent use; its mutex is held for the scan of the requests that
 // overlapped one request (a few hundred nanoseconds).
 type occupancy struct {
-	mu    sync.Mutex
-	epoch time.Time
-	set   bool
-	ring  [occRing]occEntry // in Record order, newest at next−1
-	next  int
-	n     int
-	ends  [occMaxAhead]int64 // scratch: ends of the requests ahead
-	runs  [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
-	nRuns int
-	pre   [2][sweepMax]int64 // scratch: slot starts and prefill ends of the requests prefilling during one's wait
-	nPre  int
-	slots slotLearner
-	lock  lockLearner
+	mu     sync.Mutex
+	epoch  time.Time
+	set    bool
+	ring   [occRing]occEntry // in Record order, newest at next−1
+	next   int
+	n      int
+	ends   [occMaxAhead]int64 // scratch: ends of the requests ahead
+	softs  [softMax]int       // scratch: the indices in ends of soft ends (occEntry.soft), in scan order
+	nSoft  int
+	runs   [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
+	nRuns  int
+	pre    [2][sweepMax]int64 // scratch: slot starts and prefill ends of the requests prefilling during one's wait
+	nPre   int
+	slots  slotLearner
+	lock   lockLearner
+	live   liveTable      // the requests in flight with their first output seen (lock-free; read under mu)
+	liveAt [sweepMax]live // scratch: liveAhead's
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real
@@ -232,20 +243,31 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		return placement{}, false
 	}
 	e.pt = int64(max(pr.point, 0))
+	o.live.done(tr.ID)
 	m, mAdmit, complete := o.scan(e)
 	// Requests in flight at admission that are not recorded yet end after
-	// this one: they are ahead, and still there.
-	n := m + max(0, tr.InflightAtAdmit-mAdmit)
+	// this one: they are ahead, and still there, unless their first
+	// output, seen live, says the engine served them after it.
+	behind := 0
+	if complete {
+		behind = o.liveAhead(e, tr.ID)
+	}
+	n := m + max(0, tr.InflightAtAdmit-mAdmit-behind)
 	ends := o.ends[:m]
 	if !complete || e.first < 0 {
 		if complete && abandoned > 0 {
 			sortEnds(ends)
-			e.end = max(e.end, o.abandonedEnd(e, ends, n, abandoned))
+			// Begun before its client left, it held the slot for its
+			// prefill; still queued then, it left the queue.
+			if start := o.abandonedStart(e, ends, n); start < e.end && start+int64(abandoned) > e.end {
+				e.end, e.soft = start+int64(abandoned), true
+			}
 			e.pend = e.end // the engine prefilled on until it let the slot go
 		}
 		o.push(e)
 		return placement{ahead: m}, false
 	}
+	soft := o.softEnd(e, ends, pr.point)
 	sortEnds(ends)
 	defer func() { o.push(e) }() // e as it stands at the return: lockedQueue sets its lstart
 	c := 0
@@ -295,10 +317,36 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		// outliers out).
 		if k >= 0 {
 			p.queue = max(0, time.Duration(ends[k]-e.arrive))
+			// An end moved by its own prefill's estimate: the cost
+			// model must not learn that estimate back.
+			p.inferred = p.inferred || (soft >= 0 && ends[k] == soft)
 		}
 	}
 	p.queue, e.lstart = o.lockedQueue(e, p.queue, pr.point, est, haveEst)
 	return p, warn
+}
+
+// softEnd moves the soft ends among ends (abandoned prefills, as the cost
+// model predicted them) to when e's first output less the point estimate
+// of its own prefill says the engine let that slot go, within e's arrival
+// and first output. The abandoned prompt is the longer, often longer than
+// any the model learned from (an extrapolation, where a context cost the
+// fit left out weighs most), e's own the one whose new tokens are known:
+// on ollama a 2,000-token abandoned prefill ran 4 × past the model's
+// estimate in one run and ended after the next request's first output in
+// another (queue 0), while the next request's 600 tokens were within 35%
+// of theirs. It returns the value the soft ends were moved to, -1 when
+// none was (no soft end ahead, or no point estimate). The caller holds
+// o.mu.
+func (o *occupancy) softEnd(e occEntry, ends []int64, point time.Duration) int64 {
+	if o.nSoft == 0 || point <= 0 {
+		return -1
+	}
+	v := min(max(e.first-int64(point), e.arrive), e.first)
+	for _, i := range o.softs[:o.nSoft] {
+		ends[i] = v
+	}
+	return v
 }
 
 // earliest is the end e waited for, k by the slot count, unless that
@@ -396,12 +444,14 @@ func waitedForEnd(e occEntry, ends []int64, n, slots int, est time.Duration, hav
 	return -1
 }
 
-// abandonedEnd is when the engine let the slot of e go, a request whose
-// client left before its first output (end, the proxy's end of it, is
-// then early): prefill time after the moment it began, when it had begun
-// before the client left. A request still queued then left the queue. The
-// caller holds o.mu.
-func (o *occupancy) abandonedEnd(e occEntry, ends []int64, n int, prefill time.Duration) int64 {
+// abandonedStart is when e, a request whose client left before its first
+// output, began its prefill: at its arrival or at the end it waited for
+// (with the slots in use). The engine then prefilled on past the client's
+// leaving (ollama and llama.cpp notice only at the first output), so it
+// let the slot go the prefill estimate after this, when that is later
+// than e.end. It is e.end when the end it waited for came after its
+// client left. The caller holds o.mu.
+func (o *occupancy) abandonedStart(e occEntry, ends []int64, n int) int64 {
 	start := e.arrive
 	if k := n - o.slots.effective(); k >= 0 {
 		if k >= len(ends) {
@@ -409,10 +459,7 @@ func (o *occupancy) abandonedEnd(e occEntry, ends []int64, n int, prefill time.D
 		}
 		start = max(start, ends[k])
 	}
-	if start >= e.end {
-		return e.end
-	}
-	return start + int64(prefill)
+	return start
 }
 
 // sweep is the most requests seen producing output at one instant of e's
@@ -480,7 +527,7 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 // not a scan of them all. Only the newest sweepMax of them are looked at,
 // as evidence of slots side by side.
 func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
-	o.nRuns = 0
+	o.nRuns, o.nSoft = 0, 0
 	if o.n == occRing && o.at(o.n-1).release >= e.admit-int64(occSettle) {
 		return 0, 0, false // the timeline does not reach back to e's admission
 	}
@@ -507,6 +554,10 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 				return m, mAdmit, false
 			}
 			o.ends[m] = x.end
+			if x.soft && o.nSoft < softMax {
+				o.softs[o.nSoft] = m
+				o.nSoft++
+			}
 			m++
 		}
 		o.overlap(x, &e)

@@ -276,6 +276,43 @@ func TestOccupancyAbandonedPrefill(t *testing.T) {
 	require.InDelta(t, 390, r2.Recent(1)[0].Queue.Millis(), 5)
 }
 
+// TestOccupancyAbandonedPrefillMisjudged: the held slot is the cost
+// model's estimate of the abandoned prefill (400 ms here), and the engine
+// may take longer or shorter (ollama's 2,000-token abandoned prefill ran
+// past the estimate, or ended before the next request's first output,
+// depending on the host's load: queue 0 in one run). The next request's
+// own prefill, whose new tokens are known, tells when it began.
+func TestOccupancyAbandonedPrefillMisjudged(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		slot, first, want float64 // the engine let the abandoned slot go at slot; want: the queue
+	}{
+		{"the engine took longer", 10700, 10800, 690},
+		{"the engine took less, before the next request's first output", 10200, 10300, 190},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _, _ := newTest(t, Config{})
+			for i := range 8 { // 20,000 tokens/s
+				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
+				r.Record(&tr)
+			}
+			gone := served(10000, 0, 0, 0)
+			gone.PromptTokens = 8000 // 400 ms by the model; the client left at 50 ms
+			gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
+			gone.End, gone.ClientDone = at(10050), at(10050)
+			gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 0
+			gone.UsageSeen, gone.CompletionTokens = false, -1
+			next := served(10010, tc.first, tc.first+200, 1) // 2,000 new tokens: 100 ms of prefill
+			next.CachedTokens = 0
+			r.Record(&gone)
+			r.Record(&next)
+			rq := r.Recent(1)[0]
+			require.Equal(t, SourceOccupancy, rq.QueueSource)
+			require.InDelta(t, tc.want, rq.Queue.Millis(), max(25, tc.want/10), "within max(25 ms, 10%%)")
+		})
+	}
+}
+
 func TestSlotLearnerWindow(t *testing.T) {
 	l := newSlotLearner(0)
 	require.Equal(t, 1, l.effective(), "nothing learned: 1")
@@ -319,4 +356,57 @@ func TestOccupancyBeforeFirstRecorded(t *testing.T) {
 	require.Equal(t, SourceOccupancy, rq.QueueSource)
 	require.Equal(t, Span(0), rq.Queue)
 	require.Equal(t, 2, r.Slots().Effective, "they ran side by side")
+}
+
+// TestFirstOutputAllocs: the live first-output hook runs on the relay
+// path: no allocations.
+func TestFirstOutputAllocs(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	tr := monotonic(served(0, 100, 300, 0))
+	require.Zero(t, testing.AllocsPerRun(500, func() { tr.ID++; r.FirstOutput(&tr) }))
+}
+
+// TestBatchLockSharedBatches: on ollama's llamarunner (one thread, P=4)
+// requests that arrive during another's prefill wait for it under the
+// runner's lock, then take their slots together and share their batches:
+// each one's prefill from there is about the sum of theirs, longer than
+// its own estimate. The one that held the lock has the longest answer, so
+// the others are recorded first and see its prefill only live. Two such
+// bursts teach the proxy the lock; the third is split right.
+func TestBatchLockSharedBatches(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	for i := range 8 { // 1 ms per token, alone
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.CachedTokens = 600, 0
+		r.Record(&tr)
+	}
+	var last [3]Request
+	for b := range 3 {
+		base := 100000 + float64(b)*20000
+		holder := served(base, base+600, base+9000, 0)
+		holder.PromptTokens, holder.CachedTokens = 600, 0
+		holder.ID = uint64(1000 + 10*b)
+		r.FirstOutput(&holder)
+		for i := range 3 { // took their slots at base+600 together: 1,800 tokens on one thread
+			w := served(base+1+float64(i), base+2400+float64(i), base+3000+float64(100*i), 1+i)
+			w.PromptTokens, w.CachedTokens = 600, 0
+			w.ID = holder.ID + 1 + uint64(i)
+			r.Record(&w)
+			last[i] = r.Recent(1)[0]
+		}
+		r.Record(&holder)
+	}
+	for i, rq := range last {
+		require.Equal(t, SourceOccupancy, rq.QueueSource)
+		require.InDelta(t, 599-float64(i), rq.Queue.Millis(), 25, "request %d waited for the holder's prefill", i+1)
+	}
+
+	// A request whose first output came 2 ms after one of theirs shared
+	// their batches: it did not wait for that prefill to end (a prefill of
+	// 2 ms is none), though it arrived during it.
+	late := served(100000+2*20000+1000, 100000+2*20000+2404, 100000+2*20000+2600, 3)
+	late.PromptTokens, late.CachedTokens = 600, 0
+	r.Record(&late)
+	rq := r.Recent(1)[0]
+	require.GreaterOrEqual(t, rq.Prefill.Millis(), 300.0, "queue %.1f ms", rq.Queue.Millis())
 }

@@ -65,7 +65,7 @@ var phases = [NumMetrics]phaseRow{
 		prom: "anvilproxy_upstream_connect_seconds", help: "Time acquiring an upstream connection; cold=true when one was dialled. Successful inference requests only.",
 		buckets: gapBuckets,
 		labels:  byCold},
-	MetricDecodeRate: {Phase: Phase{Name: "decode_tok_s", Label: "decode", Unit: MilliTokensPerSecond, Key: "decode_tok_s", V1: true},
+	MetricDecodeRate: {Phase: Phase{Name: "decode_tok_s", Short: "tokens_s", Label: "decode", Unit: MilliTokensPerSecond, Key: "decode_tok_s", V1: true},
 		prom: "anvilproxy_decode_tokens_per_second", help: "Output tokens after the first divided by generation time, per request. Successful inference requests only.",
 		buckets: decodeBuckets,
 		labels:  byRouteModel},

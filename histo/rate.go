@@ -50,11 +50,19 @@ const (
 	// minSpread: about 15% spread in new tokens for t0 against a), and
 	// samples more than outlierFactor times the median relative residual
 	// off the first fit (and more than minResidual) are left out of the
-	// second.
+	// second. The context term is kept when it leaves at most contextGain
+	// of the median absolute relative error without it (0.84 ≈ √0.7: 0.7
+	// of the squared error, where this rule began).
 	minSpread     = 0.02
 	outlierFactor = 3.0
 	minResidual   = 0.1
-	contextGain   = 0.7
+	contextGain   = 0.84
+	// robustFit's rounds of reweighting at most (it stops once no
+	// coefficient moves by robustSettled of itself), and the relative
+	// error below which a sample's weight stops growing.
+	robustRounds  = 8
+	robustSettled = 0.01
+	robustFloor   = 0.005
 )
 
 // rateSample is one learned prefill: new tokens, the mean position they
@@ -102,6 +110,8 @@ type rateModel struct {
 	sinceFit int
 	scratch  [modelSamples]float64 // refit's
 	keep     [modelSamples]bool    // refit's
+	weight   [modelSamples]float64 // robustFit's
+	resid    [modelSamples]float64 // absResidual's
 	// perByte is prompt tokens per request body byte, smoothed: the
 	// prompt size of a request without usage (its client left).
 	perByte float64
@@ -277,10 +287,10 @@ func (m *rateModel) refitLocked() {
 // (whose context only grows) is not extrapolated into a context cost that
 // makes the next, longer turn look slow. The caller holds m.mu.
 func (m *rateModel) fitKept(samples []rateSample) costFit {
-	c3, ok3 := m.leastSquares(samples, [3]bool{true, true, true})
-	c2, ok2 := m.leastSquares(samples, [3]bool{true, true, false})
+	c3, r3, ok3 := m.robustFit(samples, [3]bool{true, true, true})
+	c2, r2, ok2 := m.robustFit(samples, [3]bool{true, true, false})
 	switch {
-	case ok3 && (!ok2 || m.residual(samples, c3) <= contextGain*m.residual(samples, c2)):
+	case ok3 && (!ok2 || r3 <= contextGain*r2):
 		return costFit{t0: c3[0], a: c3[1], b: c3[2]}
 	case ok2:
 		return costFit{t0: c2[0], a: c2[1]}
@@ -293,32 +303,68 @@ func (m *rateModel) fitKept(samples []rateSample) costFit {
 	}
 	insertionSortFloat(per)
 	med := costFit{a: median(per)}
-	if c, ok := m.leastSquares(samples, [3]bool{false, true, true}); ok && m.residual(samples, c) <= contextGain*m.residual(samples, [3]float64{0, med.a, 0}) {
+	if c, r, ok := m.robustFit(samples, [3]bool{false, true, true}); ok && r <= contextGain*m.absResidual(samples, [3]float64{0, med.a, 0}) {
 		return costFit{a: c[1], b: c[2]}
 	}
 	return med
 }
 
-// residual is the weighted squared residual of the kept samples under c
-// (the weights of leastSquares).
-func (m *rateModel) residual(samples []rateSample, c [3]float64) float64 {
-	f := costFit{t0: c[0], a: c[1], b: c[2]}
-	sum := 0.0
+// robustFit fits t = c0 + c1·n + c2·n·pos over the kept samples with the
+// features in use, by least absolute relative error (a median regression:
+// iteratively reweighted least squares from the least-squares fit of the
+// relative errors). Prefill samples scatter one way: a loaded host, a
+// queue read as prefill or a stall make a sample slower, never faster
+// than the engine's cost (faster ones, unreported cache hits, are left out
+// before), so a least-squares fit leans to the slow ones (a cold
+// 1,500-token prompt read 29–35% cached against ollama); the median does
+// not. r is the fit's median absolute relative error; ok as for
+// leastSquares. The caller holds m.mu.
+func (m *rateModel) robustFit(samples []rateSample, use [3]bool) (c [3]float64, r float64, ok bool) {
 	for i, x := range samples {
-		if m.keep[i] {
-			d := x.t - f.cost(x.n, x.pos-x.n/2)
-			sum += d * d / x.t
+		m.weight[i] = 1 / (x.t * x.t)
+	}
+	if c, ok = m.leastSquares(samples, use); !ok {
+		return c, 0, false
+	}
+	for range robustRounds {
+		f := costFit{t0: c[0], a: c[1], b: c[2]}
+		for i, x := range samples {
+			e := math.Abs(x.t-f.cost(x.n, x.pos-x.n/2)) / x.t
+			m.weight[i] = 1 / (x.t * x.t * max(e, robustFloor))
+		}
+		next, solved := m.leastSquares(samples, use)
+		if !solved {
+			break // a coefficient went negative: the last fit stands
+		}
+		settled := true
+		for j := range c {
+			settled = settled && math.Abs(next[j]-c[j]) <= robustSettled*math.Abs(c[j])
+		}
+		if c = next; settled {
+			break
 		}
 	}
-	return sum
+	return c, m.absResidual(samples, c), true
+}
+
+// absResidual is the median of the kept samples' absolute relative errors
+// under c: how well c fits the bulk of them, whatever the slow ones do.
+func (m *rateModel) absResidual(samples []rateSample, c [3]float64) float64 {
+	f := costFit{t0: c[0], a: c[1], b: c[2]}
+	res := m.resid[:0]
+	for i, x := range samples {
+		if m.keep[i] {
+			res = append(res, math.Abs(x.t-f.cost(x.n, x.pos-x.n/2))/x.t)
+		}
+	}
+	insertionSortFloat(res)
+	return median(res)
 }
 
 // leastSquares fits t = c0 + c1·n + c2·n·pos over the kept samples with
-// the features in use, weighting each sample by 1/t (relative errors
-// matter: a short prompt's fixed cost and a long one's attention cost
-// alike). ok is false when the features in use are nearly collinear, the
-// samples too few, or a coefficient comes out negative (or c1 not
-// positive).
+// the features in use, weighting each sample by m.weight. ok is false when
+// the features in use are nearly collinear, the samples too few, or a
+// coefficient comes out negative (or c1 not positive).
 func (m *rateModel) leastSquares(samples []rateSample, use [3]bool) (c [3]float64, ok bool) {
 	var idx [3]int
 	k := 0
@@ -337,7 +383,7 @@ func (m *rateModel) leastSquares(samples []rateSample, use [3]bool) (c [3]float6
 		}
 		kept++
 		f := [3]float64{1, x.n, x.n * x.pos}
-		w := 1 / x.t
+		w := m.weight[i]
 		for r := range k {
 			for s := range k {
 				g[r][s] += w * f[idx[r]] * f[idx[s]]

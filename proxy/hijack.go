@@ -245,19 +245,6 @@ func closeClient(cc net.Conn) {
 	_ = cc.Close()
 }
 
-// endTunnel ends a tunnel's request: its upstream connection is closed
-// (never pooled: release sees upgraded) and its Trace recorded.
-func (p *Proxy) endTunnel(r *relay) {
-	if c := r.up.Load(); c != nil {
-		_ = c.Close()
-	}
-	now := time.Now()
-	r.tr.Upgraded = true
-	r.tr.End, r.tr.ClientDone = now, now
-	r.atEOF = true
-	p.finish(r)
-}
-
 // closeDelimited hands an HTTP/1.0 client's response to the raw
 // connection: the head (no Content-Length, no Transfer-Encoding,
 // Connection: close), then the body as it streams, then the close.

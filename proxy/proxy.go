@@ -9,10 +9,12 @@
 // route and path labels), body.go (request bodies and their memory bound),
 // limiter.go (--max-inflight), upstream.go and roundtrip.go (the upstream
 // connection pool and one exchange), stream.go and inject.go (the relay),
-// deadline.go (coarse idle deadlines), hijack.go (tunnels and HTTP/1.0
-// bodies), errors.go (refusals and their statuses), trace.go and phase.go
-// (what is recorded), recorder.go (where it goes), log.go (the log line),
-// listener.go (the guarded listener), watch_*.go (the client watch).
+// lifecycle.go (a relay's begin, its ends and its reuse: who owns it
+// when), deadline.go (coarse idle deadlines), hijack.go (tunnels and
+// HTTP/1.0 bodies), loop_linux.go (the event-loop relay), errors.go
+// (refusals and their statuses), trace.go and phase.go (what is recorded),
+// recorder.go (where it goes), log.go (the log line), listener.go (the
+// guarded listener), watch_*.go (the client watch).
 // docs/design.md tells the whole story.
 package proxy
 
@@ -40,6 +42,7 @@ type Proxy struct {
 	stats  Stats
 	log    *zap.Logger
 	rec    Recorder
+	first  FirstOutputObserver // rec's, when it observes first outputs live; else nil
 	models *modelSet
 	limit  *limiter // nil without --max-inflight
 	retry  *retry.Tracker
@@ -91,16 +94,9 @@ func New(cfg Config, log *zap.Logger, rec Recorder) (*Proxy, error) {
 		retry:  retry.New(retry.Config{Window: cfg.RetryWindow, MaxBytes: cfg.RetryMaxBytes}),
 		prefix: pt,
 	}
+	p.first, _ = rec.(FirstOutputObserver)
 	p.pool = newPool(&p.cfg, up, &p.stats)
-	p.relays.New = func() any {
-		r := &relay{p: p, parser: sse.NewParser(cfg.MaxEventBytes), maxHold: cfg.MaxEventBytes}
-		r.cw.gone = r.clientLeft
-		if r.maxHold <= 0 {
-			r.maxHold = sse.DefaultMaxEventBytes
-		}
-		r.reset()
-		return r
-	}
+	p.relays.New = func() any { return p.newRelay() }
 	return p, nil
 }
 
@@ -218,20 +214,6 @@ func knownVersion(proto []byte) bool {
 	return string(proto) == "HTTP/1.1" || string(proto) == "HTTP/1.0"
 }
 
-// begin takes a relay for a request received at recv and counts it in
-// flight: the handler and the early refusals start so.
-func (p *Proxy) begin(ctx *fasthttp.RequestCtx, recv time.Time) *relay {
-	r := p.relays.Get().(*relay)
-	r.tr.ID = p.nextID.Add(1)
-	r.tr.Recv = recv
-	r.tr.Route = routeOf(ctx.URI().PathOriginal())
-	r.tr.Path = pathOf(ctx.URI().PathOriginal())
-	r.tr.Method = methodOf(ctx.Method())
-	p.inflight.Add(1)
-	r.counted = true
-	return r
-}
-
 // Handle serves one request: read it, forward it, hand the response body to
 // a relay. It is the story of the package; the relay takes over once the
 // upstream headers are in.
@@ -316,10 +298,13 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ct := r.resp.Header.ContentType()
+	r.proto = tr.Route.Protocol()
 	r.isSSE = isEventStream(ct)
+	if !r.isSSE && r.proto == sse.ProtocolOllama && isNDJSON(ct) {
+		r.startNDJSON()
+	}
 	tr.Stream = r.isSSE
 	r.inject = r.isSSE && tr.UsageInject
-	r.proto = tr.Route.Protocol()
 	if !r.isSSE && r.proto != sse.ProtocolUnknown && isJSON(ct) {
 		r.capture = r.capture[:0:cap(r.capture)]
 		if r.capture == nil {
@@ -413,56 +398,12 @@ func (p *Proxy) admit(r *relay) refusal {
 	return 0
 }
 
-// recoverHandle keeps a bug in one request from taking the process down
-// with every other stream (fasthttp does not recover handler panics, as
-// net/http does). The log line names the request and the stack, never the
-// panic value, which could quote request data. The relay is not reused.
-func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
-	v := recover()
-	if v == nil {
-		return
-	}
-	p.log.Error("BUG: request handler panicked", zap.Uint64("id", r.tr.ID), zap.Stack("stack"))
-	if c := r.up.Load(); c != nil {
-		_ = c.Close()
-	}
-	p.release(r)
-	ctx.Response.Reset()
-	row := &refusals[refuseInternal]
-	ctx.SetStatusCode(row.status)
-	ctx.SetConnectionClose()
-	r.tr.Status = row.status
-	r.tr.ErrSide, r.tr.ErrKind = row.side, row.kind
-	r.tr.ClientDone = time.Now()
-	p.recordAfterPanic(&r.tr)
-	p.uncount(r)
-}
-
-// recordAfterPanic emits the Trace of a request whose handler panicked, so
-// that it is counted like any other; a Recorder that panics in turn (the
-// first panic may have been its own) is not given a second chance to take
-// the process down.
-func (p *Proxy) recordAfterPanic(tr *Trace) {
-	defer func() {
-		if recover() != nil {
-			p.log.Error("BUG: recording a panicked request panicked too", zap.Uint64("id", tr.ID))
-		}
-	}()
-	p.rec.Record(tr)
-	p.logTrace(tr)
-}
-
 // handleReadError answers requests fasthttp could not read (see
 // bodyFailure): 413 for a large body (fasthttp's default is 400), 431 for
 // large headers, 408 for a read timeout, 499 for a client gone mid-request,
 // 400 otherwise. The connection closes: what was read is not a request.
 func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	r := p.relays.Get().(*relay)
-	r.tr.ID = p.nextID.Add(1)
-	r.tr.Recv = time.Now()
-	r.tr.Method = methodOf(ctx.Method())
-	p.inflight.Add(1)
-	r.counted = true
+	r := p.beginUnread(ctx, time.Now())
 	why := bodyFailure(err)
 	row := &refusals[why]
 	r.fail(row.side, row.kind)
@@ -502,92 +443,6 @@ func (p *Proxy) answerError(ctx *fasthttp.RequestCtx, r *relay, status int) {
 	p.finishHandler(r)
 }
 
-// finishHandler ends a request whose response has no streamed body.
-func (p *Proxy) finishHandler(r *relay) {
-	r.tr.ClientDone = time.Now()
-	r.endWatch()
-	_ = r.resp.CloseBodyStream()
-	p.finish(r)
-}
-
-// finish completes the Trace, reports it, and recycles the relay.
-func (p *Proxy) finish(r *relay) {
-	p.release(r)
-	tr := &r.tr
-	if r.sawEnd && tr.ErrKind == ErrClientGone {
-		// The client had the end-of-stream event: closing before the
-		// chunked terminator (openai-go does, on [DONE]) lost it nothing.
-		tr.ErrSide, tr.ErrKind = SideNone, ErrNone
-	}
-	if r.isSSE && r.proto != sse.ProtocolUnknown && !r.sawEnd && tr.ErrKind == ErrNone {
-		tr.Truncated = true // a known protocol ended without its end marker
-	}
-	if r.isSSE && r.parser.Pending() > 0 {
-		tr.Truncated = true
-	}
-	if tr.Truncated && r.proto != sse.ProtocolUnknown {
-		// A failure, though the status was 200: the client got a cut
-		// generation (ollama ends a stream so, with no finish_reason).
-		// A stream of unknown protocol has no end marker to miss.
-		r.fail(SideUpstream, ErrTruncated)
-	}
-	p.readUsage(r)
-	tr.Model = p.models.label(requestModel(r.req.Body()))
-	if r.attempt {
-		p.endAttempt(tr)
-		p.observePrefix(r)
-	}
-	p.rec.Record(tr)
-	p.logTrace(tr)
-	p.uncount(r)
-	r.reset()
-	p.relays.Put(r)
-}
-
-// release gives back what the request holds: the client watch, the
-// upstream slot, the limiter slot and the upstream count (Inflight is
-// uncount's). It is idempotent, so the panic path can call it whatever was
-// released before.
-func (p *Proxy) release(r *relay) {
-	r.endWatch()
-	if c := r.up.Swap(nil); c != nil || r.token {
-		p.pool.put(c, r.reusable())
-		r.token = false
-	}
-	r.unreserve()
-	if r.limited {
-		p.limit.release()
-		r.limited = false
-	}
-	if r.admitted {
-		p.upstream.Add(-1)
-		r.admitted = false
-	}
-}
-
-// uncount takes r out of Inflight. It comes after the Trace is recorded,
-// not in release, so that Inflight() == 0 means every request's Trace is
-// in the recorder: shutdown waits for that before its final snapshot.
-func (p *Proxy) uncount(r *relay) {
-	if r.counted {
-		p.inflight.Add(-1)
-		r.counted = false
-	}
-}
-
-// reusable reports whether the upstream connection may carry another
-// request: its response was read to the end, framed so that the end is
-// known, and nobody closed it. Any doubt closes it (a response the client
-// abandoned, a close-delimited body, a watcher that fired, a response that
-// asked for close); pool.put also refuses one with bytes read beyond the
-// response.
-func (r *relay) reusable() bool {
-	return r.atEOF && !r.hasLeft() && !r.upgraded &&
-		r.tr.ErrSide != SideUpstream &&
-		!r.resp.ConnectionClose() && !r.req.Header.ConnectionClose() &&
-		r.resp.Header.ContentLength() != -2 // identity: ended by the close
-}
-
 // readUsage fills the token counts from the stream's usage, the captured
 // non-stream body, or nothing (-1).
 func (p *Proxy) readUsage(r *relay) {
@@ -612,28 +467,4 @@ func (p *Proxy) readUsage(r *relay) {
 	}
 	tr.CachedTokens, tr.ReasoningTokens = u.CachedTokens, u.ReasoningTokens
 	readTiming(tr, &r.timing)
-}
-
-// reset prepares a relay for the next request, keeping its buffers.
-func (r *relay) reset() {
-	r.req.Reset()
-	r.resp.Reset()
-	r.conn, r.clientHeader, r.trailers = nil, nil, false
-	r.wdl.clear()
-	r.isSSE = false
-	r.proto = sse.ProtocolUnknown
-	r.parser.Reset()
-	r.usage = sse.UnknownUsage()
-	r.timing = sse.UnknownTiming()
-	r.capture = r.capture[:0]
-	if cap(r.capture) > 1<<20 {
-		r.capture = nil // do not pin a large body in the pool
-	}
-	r.atEOF, r.sawEnd = false, false
-	r.inject, r.hold, r.holdOff, r.out = false, r.hold[:0], 0, r.out[:0]
-	r.attempt = false
-	r.left = nil
-	r.gone.Store(false)
-	r.tr = Trace{}
-	readTiming(&r.tr, &r.timing) // unknown until the engine says: -1, never 0
 }

@@ -17,6 +17,19 @@ type Recorder interface {
 	ObserveGap(d time.Duration)
 }
 
+// FirstOutputObserver is an optional extension of Recorder: the proxy
+// calls FirstOutput once per request, on the relay path, when the request's
+// first output event arrives (t.FirstOutput is set, and every stamp before
+// it; usage and the end are not). Record, by contrast, comes only when the
+// request has ended, so a split made at Record sees the requests still in
+// flight only through this (a prefill in progress on another slot, the
+// order in which an engine served requests sent together). t is valid only
+// during the call. It must not block or allocate. New type-asserts the
+// Recorder once.
+type FirstOutputObserver interface {
+	FirstOutput(t *Trace)
+}
+
 // NopRecorder discards everything.
 type NopRecorder struct{}
 

@@ -24,9 +24,10 @@ const relayBufSize = 16 << 10
 // the upstream body to the client read by read, and measures each read only
 // after it has been written and flushed (forward first, measure second).
 //
-// A relay is owned by one request: the handler fills it, then fasthttp's
-// connection goroutine calls WriteTo and finally CloseWithError, which
-// emits the Trace and returns the relay to the pool. It is never shared.
+// A relay is owned by one request at a time, one goroutine at a time: the
+// handler fills it, then whoever relays the body (fasthttp's WriteTo and
+// CloseWithError, a hijack, the event loop) until finish records the Trace
+// and returns it to the pool; lifecycle.go tells who owns it when.
 type relay struct {
 	p    *Proxy
 	req  fasthttp.Request  // the request sent upstream; its body is read again at the end
@@ -38,9 +39,15 @@ type relay struct {
 	clientHeader *fasthttp.ResponseHeader
 	buf          []byte
 
+	// isSSE: the body is a stream measured event by event, which
+	// forces it chunked to the client, one write and flush per read:
+	// text/event-stream, or (ndjson) ollama's application/x-ndjson,
+	// whose events are its lines, split by lines instead of parser.
 	isSSE  bool
+	ndjson bool
 	proto  sse.Protocol
 	parser *sse.Parser
+	lines  *sse.Lines // made on the first NDJSON stream, then kept
 	ev     sse.Event
 	chunk  sse.Chunk
 	usage  sse.Usage
@@ -185,30 +192,6 @@ func (r *relay) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// CloseWithError is called by fasthttp once the response is written, or
-// abandoned, with the client write error if any. A body not read to its end
-// leaves the upstream connection mid-response: release closes it, which is
-// how the engine learns that nobody reads the generation any more.
-func (r *relay) CloseWithError(err error) error {
-	r.tr.ClientDone = time.Now()
-	r.endWatch() // before the upstream connection can go back to its pool
-	if err != nil {
-		r.fail(SideClient, ErrClientGone)
-	}
-	if !r.atEOF {
-		if r.tr.ErrKind == ErrNone {
-			r.fail(SideClient, ErrClientGone) // abandoned without a write error (server shutdown)
-		}
-	}
-	if r.conn != nil && r.wdl.set() {
-		_ = r.conn.SetWriteDeadline(time.Time{})
-		r.wdl.clear()
-	}
-	_ = r.resp.CloseBodyStream()
-	r.p.finish(r)
-	return nil
-}
-
 // endWatch stops the client watch, once; when it returns the watch can no
 // longer close the upstream connection.
 func (r *relay) endWatch() {
@@ -265,7 +248,11 @@ func (r *relay) measure(b []byte, t time.Time) {
 		}
 		return
 	}
-	r.parser.Feed(b)
+	if r.ndjson {
+		r.lines.Feed(b)
+	} else {
+		r.parser.Feed(b)
+	}
 	for r.nextEvent() {
 		r.onEvent(t)
 	}
@@ -276,12 +263,36 @@ func (r *relay) measure(b []byte, t time.Time) {
 // complete event is left.
 func (r *relay) nextEvent() bool {
 	for {
-		ok, err := r.parser.Next(&r.ev)
+		var ok bool
+		var err error
+		if r.ndjson {
+			ok, err = r.lines.Next(&r.ev)
+		} else {
+			ok, err = r.parser.Next(&r.ev)
+		}
 		if err == nil {
 			return ok
 		}
 		r.tr.ParseErrors++
 	}
+}
+
+// pending reports the bytes of the stream that belong to no complete
+// event (or line): non-zero at the end means it was cut inside one.
+func (r *relay) pending() int {
+	if r.ndjson {
+		return r.lines.Pending()
+	}
+	return r.parser.Pending()
+}
+
+// startNDJSON makes the relay split the stream into lines, each an event
+// of r.proto (ollama's native routes, sse.Lines).
+func (r *relay) startNDJSON() {
+	if r.lines == nil {
+		r.lines = sse.NewLines(r.maxHold)
+	}
+	r.isSSE, r.ndjson = true, true
 }
 
 // onEvent takes the stamps and counts of one SSE event (docs/design.md "Stamps and phases").
@@ -310,6 +321,9 @@ func (r *relay) onEvent(t time.Time) {
 	if f&(sse.FlagReasoning|sse.FlagContent|sse.FlagToolCall) != 0 {
 		if tr.FirstOutput.IsZero() {
 			tr.FirstOutput = t
+			if r.p.first != nil {
+				r.p.first.FirstOutput(tr)
+			}
 		} else {
 			r.p.rec.ObserveGap(t.Sub(tr.LastToken))
 		}
@@ -341,6 +355,15 @@ func isEventStream(ct []byte) bool {
 	}
 	mt, _, err := mime.ParseMediaType(string(ct))
 	return err == nil && mt == "text/event-stream"
+}
+
+// isNDJSON reports whether a Content-Type is newline-delimited JSON, as
+// ollama streams its native routes (application/x-ndjson; also the
+// application/jsonl and application/x-jsonlines spellings).
+func isNDJSON(ct []byte) bool {
+	mt, _, err := mime.ParseMediaType(string(ct))
+	return err == nil && (mt == "application/x-ndjson" || mt == "application/ndjson" || mt == "application/jsonl" ||
+		mt == "application/x-jsonlines")
 }
 
 // isJSON reports whether a Content-Type is application/json (or +json).

@@ -73,7 +73,7 @@ type DiffSide struct {
 
 // DiffRow is one phase or figure.
 type DiffRow struct {
-	Name   string      `json:"name"` // queue, prefill, ttfo, ttft, tpot, e2e, tokens_s, cache_hit, amplification, drift
+	Name   string      `json:"name"` // one of DiffRowNames: a phase's word, or cache_hit, amplification, drift
 	Unit   string      `json:"unit"` // ms, tok/s, ratio, x
 	Better string      `json:"better"`
 	Points []DiffPoint `json:"points"`
@@ -100,25 +100,53 @@ func (p DiffPoint) Moved() bool {
 	return p.Change.Known() && !p.Noise && !p.FewSamples && p.Change != 0
 }
 
-// diffPhase is a row read from a distribution.
-type diffPhase struct {
-	name   string
-	metric histo.Metric
-	better string // "lower" or "higher"
+// diffRow is a row of the gate, in the gate's order: a phase of histo's
+// table, read from its distribution, or a figure that is no phase. A
+// phase row's name, unit and direction come from the phase table (the
+// phase's word, Phase.ShortName; a time is better lower, a rate higher:
+// unitOf, betterOf), so that no phase name is written here.
+type diffRow struct {
+	name, unit, better string
+	metric             histo.Metric           // a phase's row; NumMetrics for a figure
+	sample             func(*Document) sample // a figure's distribution, or nil
+	value              func(*Document) figure // a figure's one number, or nil
 }
 
-var diffPhases = []diffPhase{
-	{"queue", histo.MetricQueue, "lower"},
-	{"prefill", histo.MetricPrefill, "lower"},
-	{"ttfo", histo.MetricTTFO, "lower"},
-	{"ttft", histo.MetricTTFT, "lower"},
-	{"tpot", histo.MetricTPOT, "lower"},
-	{"e2e", histo.MetricE2E, "lower"},
-	{"tokens_s", histo.MetricDecodeRate, "higher"},
-}
+// diffPhases are the phases the gate compares, in its order.
+var diffPhases = [...]histo.Metric{histo.MetricQueue, histo.MetricPrefill, histo.MetricTTFO, histo.MetricTTFT, histo.MetricTPOT, histo.MetricE2E, histo.MetricDecodeRate}
+
+// The rows that are no phase.
+const (
+	rowCacheHit      = "cache_hit"
+	rowAmplification = "amplification"
+	rowDrift         = "drift"
+)
+
+// diffRows are the gate's rows: diffPhases, then the figures. Read-only
+// after package init.
+var diffRows = func() []diffRow {
+	var rows []diffRow
+	for _, m := range diffPhases {
+		rows = append(rows, diffRow{name: rowName(m), unit: unitOf(m), better: betterOf(m), metric: m})
+	}
+	return append(rows,
+		diffRow{name: rowCacheHit, unit: "ratio", better: "higher", metric: histo.NumMetrics, sample: cacheSample},
+		diffRow{name: rowAmplification, unit: "x", better: "lower", metric: histo.NumMetrics, value: amplification},
+		diffRow{name: rowDrift, unit: "ratio", better: "lower", metric: histo.NumMetrics, value: driftRate},
+	)
+}()
+
+// rowName is the name of phase m's row: its word in the phase table.
+func rowName(m histo.Metric) string { return m.Phase().ShortName() }
 
 // DiffRowNames are the rows Compare produces, in order.
-var DiffRowNames = []string{"queue", "prefill", "ttfo", "ttft", "tpot", "e2e", "tokens_s", "cache_hit", "amplification", "drift"}
+var DiffRowNames = func() []string {
+	names := make([]string, len(diffRows))
+	for i, r := range diffRows {
+		names[i] = r.name
+	}
+	return names
+}()
 
 var diffStats = [...]struct {
 	name string
@@ -144,22 +172,34 @@ func Compare(baseline, current *Document) (*Diff, error) {
 	if d.MinSamples <= 0 {
 		d.MinSamples = defaultMinSamples
 	}
-	for _, ph := range diffPhases {
-		b, err := sampleOf(baseline, ph.metric)
+	for i := range diffRows {
+		row, err := d.compareRow(&diffRows[i], baseline, current)
 		if err != nil {
 			return nil, err
 		}
-		c, err := sampleOf(current, ph.metric)
-		if err != nil {
-			return nil, err
-		}
-		d.Rows = append(d.Rows, d.percentileRow(ph.name, unitOf(ph.metric), ph.better, b, c))
+		d.Rows = append(d.Rows, row)
 	}
-	d.Rows = append(d.Rows, d.percentileRow("cache_hit", "ratio", "higher", cacheSample(baseline), cacheSample(current)))
-	d.Rows = append(d.Rows, d.valueRow("amplification", "x", "lower", amplification(baseline), amplification(current)))
-	d.Rows = append(d.Rows, d.valueRow("drift", "ratio", "lower", driftRate(baseline), driftRate(current)))
 	d.Moved, d.Verdict = verdict(d.Rows)
 	return d, nil
+}
+
+// compareRow is row r of the diff of current against baseline.
+func (d *Diff) compareRow(r *diffRow, baseline, current *Document) (DiffRow, error) {
+	switch {
+	case r.value != nil:
+		return d.valueRow(r.name, r.unit, r.better, r.value(baseline), r.value(current)), nil
+	case r.sample != nil:
+		return d.percentileRow(r.name, r.unit, r.better, r.sample(baseline), r.sample(current)), nil
+	}
+	b, err := sampleOf(baseline, r.metric)
+	if err != nil {
+		return DiffRow{}, err
+	}
+	c, err := sampleOf(current, r.metric)
+	if err != nil {
+		return DiffRow{}, err
+	}
+	return d.percentileRow(r.name, r.unit, r.better, b, c), nil
 }
 
 func sideOf(doc *Document) DiffSide {
@@ -172,6 +212,15 @@ func unitOf(m histo.Metric) string {
 		return "ms"
 	}
 	return "tok/s"
+}
+
+// betterOf is the direction of phase m's improvement: a time is better
+// lower, a rate higher.
+func betterOf(m histo.Metric) string {
+	if m.Unit() == histo.Microseconds {
+		return "lower"
+	}
+	return "higher"
 }
 
 // sample is one side's distribution of a row: its sorted values when every

@@ -186,6 +186,34 @@ func TestParseBound(t *testing.T) {
 	}
 }
 
+// TestDiffRowsFromPhaseTable: the gate's rows keep the words they always
+// had (scripts pass them to --fail-on), and a phase row takes its name,
+// unit and direction from histo's table and answers to every name the
+// table gives the phase; a phase the gate does not compare is no row.
+func TestDiffRowsFromPhaseTable(t *testing.T) {
+	require.Equal(t, []string{"queue", "prefill", "ttfo", "ttft", "tpot", "e2e", "tokens_s", "cache_hit", "amplification", "drift"}, DiffRowNames)
+	for _, m := range diffPhases {
+		ph := m.Phase()
+		for _, name := range []string{ph.ShortName(), ph.Name, strings.TrimSuffix(ph.Key, "_ms"), ph.Label} {
+			if name == "" || strings.Contains(name, " ") {
+				continue
+			}
+			b, err := ParseBound(name + ".p99>+10%")
+			require.NoError(t, err, name)
+			require.Equal(t, ph.ShortName(), b.Metric, name)
+			require.Equal(t, unitOf(m), b.Unit(), name)
+		}
+	}
+	for _, name := range []string{"tok_s", "decode_tok_s", "decode", "time_to_first_output"} {
+		_, err := ParseBound(name + ".p50<-10%")
+		require.NoError(t, err, name)
+	}
+	require.Equal(t, "lower", betterOf(histo.MetricE2E))
+	require.Equal(t, "higher", betterOf(histo.MetricDecodeRate))
+	_, err := ParseBound(histo.MetricConnect.Phase().Name + ".p99>+10%")
+	require.ErrorContains(t, err, "no metric", "connect is a phase the gate does not compare")
+}
+
 // TestWriteDiff: the table has a line per row and statistic, at most
 // ReportWidth wide, and the verdict last.
 func TestWriteDiff(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/anvilproxy/anvilproxy/histo"
 )
 
 // The gate's words: the verdict that reads the shape of a change (which
@@ -63,24 +65,26 @@ func verdict(rows []DiffRow) (moved []string, text string) {
 		return moved, "no phase moved beyond the noise"
 	}
 	var why []string
+	queue, prefill := dir[rowName(histo.MetricQueue)], dir[rowName(histo.MetricPrefill)]
+	cache, drift := dir[rowCacheHit], dir[rowDrift]
 	switch {
-	case dir["queue"] > 0 && dir["prefill"] <= 0:
+	case queue > 0 && prefill <= 0:
 		why = append(why, "queue up with prefill flat: waiting, not work (more requests than the engine's slots: load, fewer slots or a lower --max-inflight)")
-	case dir["queue"] < 0 && dir["prefill"] >= 0:
+	case queue < 0 && prefill >= 0:
 		why = append(why, "queue down with prefill flat: less waiting for a slot")
 	}
 	switch {
-	case dir["prefill"] > 0 && dir["cache_hit"] < 0 && dir["drift"] > 0:
+	case prefill > 0 && cache < 0 && drift > 0:
 		why = append(why, "prefill up with cache hit down and drift up: the prompt prefix changed, so the engine recomputes it (a timestamp or reordered tools early in the prompt?)")
-	case dir["prefill"] > 0 && dir["cache_hit"] < 0:
+	case prefill > 0 && cache < 0:
 		why = append(why, "prefill up with cache hit down: the engine's prefix cache serves less (evictions, or prompts that share less)")
-	case dir["prefill"] > 0:
+	case prefill > 0:
 		why = append(why, "prefill up with the cache steady: more prompt work per request (longer prompts) or a slower prefill")
 	}
-	if dir["tpot"] > 0 || dir["tokens_s"] < 0 {
+	if dir[rowName(histo.MetricTPOT)] > 0 || dir[rowName(histo.MetricDecodeRate)] < 0 {
 		why = append(why, "decode slower: the engine or its batch (more sequences decoding at once, another model, build or GPU)")
 	}
-	if dir["amplification"] > 0 {
+	if dir[rowAmplification] > 0 {
 		why = append(why, "retry amplification up: clients re-send more (their timeouts, or errors they retry)")
 	}
 	if len(why) == 0 {
@@ -219,10 +223,31 @@ type Bound struct {
 
 var boundRe = regexp.MustCompile(`^([a-z_0-9]+)(?:\.(p50|p90|p99|value))?\s*(>=|<=|>|<)\s*([+-]?[0-9]+(?:\.[0-9]+)?)\s*(%|pp|ms|s|us|tok/s|x)?$`)
 
-// metricAliases are the other names a bound may use.
-var metricAliases = map[string]string{
-	"time_to_first_output": "ttfo", "tok_s": "tokens_s", "decode": "tokens_s", "decode_tok_s": "tokens_s",
-	"retry_amplification": "amplification", "cache": "cache_hit", "drift_rate": "drift",
+// figureAliases are the other names a bound may use for a figure; a
+// phase's row also answers to its names in histo's table (diffRowNamed).
+var figureAliases = map[string]string{
+	"retry_amplification": rowAmplification, "cache": rowCacheHit, "drift_rate": rowDrift,
+}
+
+// diffRowNamed is the row a bound names: a row's name, a figure's alias,
+// or any name of a compared phase in histo's table (its name, word, key
+// or label: "time_to_first_output", "decode_tok_s", "decode"), and "tok_s"
+// for the decode rate, the gate's older word for it.
+func diffRowNamed(name string) *diffRow {
+	if a, ok := figureAliases[name]; ok {
+		name = a
+	}
+	m, ok := histo.MetricByName(name)
+	if name == "tok_s" {
+		m, ok = histo.MetricDecodeRate, true
+	}
+	for i := range diffRows {
+		r := &diffRows[i]
+		if r.name == name || r.metric != histo.NumMetrics && (ok && r.metric == m || name == r.metric.Phase().Label) {
+			return r
+		}
+	}
+	return nil
 }
 
 // ParseBound parses a --fail-on expression such as "ttft.p99>+25%",
@@ -233,19 +258,13 @@ func ParseBound(expr string) (Bound, error) {
 		return Bound{}, fmt.Errorf("--fail-on %q: want METRIC.STAT OP CHANGE, e.g. ttft.p99>+25%% or e2e.p50>+200ms (STAT p50, p90 or p99; OP >, >=, < or <=; CHANGE with %%, ms, s, pp or the row's unit)", expr)
 	}
 	b := Bound{Expr: expr, Metric: m[1], Stat: m[2], Op: m[3]}
-	if a, ok := metricAliases[b.Metric]; ok {
-		b.Metric = a
-	}
-	var unit string
-	for _, r := range diffUnits {
-		if r.name == b.Metric {
-			unit = r.unit
-		}
-	}
-	if unit == "" {
+	row := diffRowNamed(b.Metric)
+	if row == nil {
 		return Bound{}, fmt.Errorf("--fail-on %q: no metric %q; the metrics are %s", expr, m[1], strings.Join(DiffRowNames, ", "))
 	}
-	single := b.Metric == "amplification" || b.Metric == "drift"
+	b.Metric = row.name
+	unit := row.unit
+	single := row.value != nil
 	switch {
 	case single && b.Stat != "" && b.Stat != StatValue:
 		return Bound{}, fmt.Errorf("--fail-on %q: %s is one figure, without p50/p90/p99 (write %s>…)", expr, b.Metric, b.Metric)
@@ -273,20 +292,12 @@ func ParseBound(expr string) (Bound, error) {
 	return b, nil
 }
 
-// diffUnits are the rows' units, for ParseBound.
-var diffUnits = []struct{ name, unit string }{
-	{"queue", "ms"}, {"prefill", "ms"}, {"ttfo", "ms"}, {"ttft", "ms"}, {"tpot", "ms"}, {"e2e", "ms"},
-	{"tokens_s", "tok/s"}, {"cache_hit", "ratio"}, {"amplification", "x"}, {"drift", "ratio"},
-}
-
 var unitWords = map[string]string{"ms": "ms, s or us", "tok/s": "tok/s", "ratio": "pp (percentage points)", "x": "a plain number (attempts per request)"}
 
 // Unit is the unit of the bound's row: ms, tok/s, ratio or x.
 func (b Bound) Unit() string {
-	for _, r := range diffUnits {
-		if r.name == b.Metric {
-			return r.unit
-		}
+	if r := diffRowNamed(b.Metric); r != nil {
+		return r.unit
 	}
 	return ""
 }

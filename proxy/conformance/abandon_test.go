@@ -64,6 +64,7 @@ func TestAbandonedPrefillCountedAsQueue(t *testing.T) {
 			t.Fatalf("case %d: the engine freed the slot only %.1f ms after the client left: the case did not test an abandoned prefill", k+1, ms(held))
 		}
 		logSample(t, next)
+		logAbandoned(t, abandoned)
 		follows = append(follows, next)
 	}
 	for _, s := range follows {
@@ -77,4 +78,13 @@ func TestAbandonedPrefillCountedAsQueue(t *testing.T) {
 				s.label, s.rec.Queue.Millis(), s.rec.QueueSource, s.rec.Prefill.Millis(), ms(tq), ms(s.truthPrefill()), ms(d), ms(queueTolerance(tq)))
 		}
 	}
+}
+
+// logAbandoned logs what the proxy recorded of the abandoned request: what
+// the split had to size the slot it held.
+func logAbandoned(t *testing.T, s *sample) {
+	t.Helper()
+	r := s.rec
+	t.Logf("%s: proxy error %q side %q, prompt tokens %d, request bytes %d, ttfo %v, e2e %v, inflight %d",
+		s.label, r.ErrKind, r.ErrSide, r.PromptTokens, r.ReqBytes, r.TTFO, r.E2E, r.InflightAtAdmit)
 }

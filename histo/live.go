@@ -1,0 +1,136 @@
+package histo
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+)
+
+// The live first outputs (docs/queue-split.md "Live first outputs"): the
+// proxy tells the Recorder when each request's first output arrives
+// (proxy.FirstOutputObserver), long before the request ends and is
+// recorded. The occupancy split, made at Record, sees the requests still
+// in flight only through them: a prefill in progress on another slot
+// that made this request wait under a batch lock (its holder, with a
+// longer answer, ends later), and, on one slot, which of two requests
+// sent together the engine served first.
+
+// liveRing is the number of requests in flight whose first output is
+// kept, by request ID; with more in flight the oldest are overwritten
+// (their evidence is lost, nothing else).
+const liveRing = 256
+
+// liveSlot is one request in flight with its first output seen. Its
+// writer is the request's relay goroutine, its readers Record's placing
+// of other requests: id is written last and read first and last, so a
+// reader takes the stamps of one request or skips the slot.
+type liveSlot struct {
+	id            atomic.Uint64 // the request's ID + 1; 0: empty or recorded
+	admit, arrive atomic.Int64  // t_admit and t_admit + connect, ns since liveTable.base
+	first         atomic.Int64  // its first output, ns since liveTable.base
+}
+
+// liveTable holds the requests in flight whose first output was seen.
+// put and done are lock-free; read runs under occupancy.mu.
+type liveTable struct {
+	base  time.Time
+	slots [liveRing]liveSlot
+}
+
+// live is one entry read back, on the occupancy timeline.
+type live struct {
+	admit, arrive, first int64
+}
+
+// put notes tr's first output. It does not allocate.
+func (l *liveTable) put(tr *proxy.Trace) {
+	s := &l.slots[tr.ID%liveRing]
+	s.id.Store(0)
+	s.admit.Store(int64(tr.Admit.Sub(l.base)))
+	s.arrive.Store(int64(tr.Admit.Add(tr.Connect).Sub(l.base)))
+	s.first.Store(int64(tr.FirstOutput.Sub(l.base)))
+	s.id.Store(tr.ID + 1)
+}
+
+// done drops the request id (it is being recorded: the timeline has it
+// from now on).
+func (l *liveTable) done(id uint64) { l.slots[id%liveRing].id.CompareAndSwap(id+1, 0) }
+
+// read returns slot i's request on the timeline whose epoch is epoch, and
+// false when the slot is empty, being written, or holds request self.
+func (l *liveTable) read(i int, epoch time.Time, self uint64) (live, bool) {
+	s := &l.slots[i]
+	id := s.id.Load()
+	if id == 0 || id == self+1 {
+		return live{}, false
+	}
+	x := live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load()}
+	if s.id.Load() != id {
+		return live{}, false
+	}
+	off := int64(l.base.Sub(epoch))
+	x.admit, x.arrive, x.first = x.admit+off, x.arrive+off, x.first+off
+	return x, true
+}
+
+// FirstOutput implements proxy.FirstOutputObserver: it notes an inference
+// request's first output for the split of the requests recorded while it
+// is still in flight. Safe for concurrent use; it does not block or
+// allocate.
+func (r *Recorder) FirstOutput(tr *proxy.Trace) {
+	if !inference(tr.Route) || tr.Admit.IsZero() || tr.FirstOutput.IsZero() {
+		return
+	}
+	r.occ.live.put(tr)
+}
+
+// liveAhead adds to the scan's collections what the requests in flight
+// and not recorded tell of e: those that prefilled while e waited (o.pre,
+// for the batch lock), and the number of them the proxy counted in flight
+// at e's admission that were served after e on a one-slot engine (their
+// first output after e's: sent together, they reached it in the other
+// order), which the caller takes off the requests ahead. Such a request
+// prefilled up to its first output from its own start under the lock,
+// found as e's is (lockEnd, oldest first): requests that waited for the
+// same prefill took their slots together and do not wait for each other.
+// The caller holds o.mu.
+func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
+	if e.first < 0 {
+		return 0
+	}
+	oneSlot := o.slots.effective() == 1
+	n := 0
+	for i := range liveRing {
+		x, ok := o.live.read(i, o.epoch, self)
+		if !ok || x.admit >= e.admit || x.first < 0 {
+			continue // admitted after e: not ahead, not counted in flight
+		}
+		if oneSlot && x.first > e.first {
+			behind++
+			continue
+		}
+		if x.first > e.arrive && x.first < e.first && x.arrive < e.arrive+int64(slotsOrderWindow) && n < len(o.liveAt) {
+			o.liveAt[n] = x
+			n++
+		}
+	}
+	// Oldest first, so that each start under the lock sees the prefills
+	// before it.
+	for i := 1; i < n; i++ {
+		x, j := o.liveAt[i], i
+		for ; j > 0 && o.liveAt[j-1].arrive > x.arrive; j-- {
+			o.liveAt[j] = o.liveAt[j-1]
+		}
+		o.liveAt[j] = x
+	}
+	for _, x := range o.liveAt[:n] {
+		if o.nPre == sweepMax {
+			break
+		}
+		start := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance))
+		o.pre[0][o.nPre], o.pre[1][o.nPre] = start, x.first
+		o.nPre++
+	}
+	return behind
+}
