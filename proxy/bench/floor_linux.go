@@ -202,7 +202,7 @@ func (l *floorLoop) handle(ev *syscall.EpollEvent) {
 // closed, and the EOF after the bytes brings no new event.
 func (l *floorLoop) pump(src *floorConn, drain bool) {
 	for !src.closed && !src.blocked {
-		n, err := syscall.Read(src.fd, l.buf)
+		n, err := floorIO(syscall.SYS_READ, src.fd, l.buf)
 		if err == syscall.EAGAIN {
 			return
 		}
@@ -235,7 +235,7 @@ func (l *floorLoop) pump(src *floorConn, drain bool) {
 func writeAll(fd int, b []byte) (int, error) {
 	total := 0
 	for total < len(b) {
-		w, err := syscall.Write(fd, b[total:])
+		w, err := floorIO(syscall.SYS_WRITE, fd, b[total:])
 		if err == syscall.EINTR {
 			continue
 		}
@@ -273,4 +273,16 @@ func (l *floorLoop) close(c *floorConn) {
 		syscall.Close(x.fd)
 	}
 	l.n.Add(-1)
+}
+
+// floorIO is read(2) or write(2) as raw system calls, as the proxy's loops
+// make them (rawIO, proxy/loop_linux.go): the descriptors are
+// non-blocking, and the runtime's syscall entry would wake sysmon on
+// every call in a quiet process. n is -1 with an error, as syscall.Read's.
+func floorIO(trap uintptr, fd int, b []byte) (int, error) {
+	r, _, errno := syscall.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
 }
