@@ -9,7 +9,8 @@
 //
 //   - The Recorder: Config, New, Record, the proxy.Recorder hooks
 //     (ObserveGap, ObserveRelay), Register and Handler for /metrics and
-//     /requests (recorder.go).
+//     /requests (recorder.go); FirstOutput, proxy.FirstOutputObserver's
+//     hook, in live.go.
 //   - The phase table, the one place each phase's names, unit, Prometheus
 //     metric and JSON keys are declared, and evalPhases, each phase's
 //     definition over the Trace and the split, evaluated once per Record
@@ -32,8 +33,9 @@
 //   - The queue/prefill split (docs/queue-split.md): its sources (split.go),
 //     the engine timeline it reads (occupancy.go), the learned slot count
 //     (slots.go), the prefill cost model (rate.go), the batch lock
-//     (lock.go), when the engine sends its head (head.go), and the engine's
-//     scraped load as evidence (engineload.go).
+//     (lock.go), when the engine sends its head (head.go), the engine's
+//     scraped load as evidence (engineload.go), and the first outputs of
+//     requests still in flight (live.go).
 //
 // Beside it: histo/dist holds the nullable number and the mergeable
 // distribution histo and its sections share; histo/selfcheck is the

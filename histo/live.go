@@ -128,7 +128,7 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if o.nPre == sweepMax {
 			break
 		}
-		start := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive)
+		start := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance))
 		o.pre[0][o.nPre], o.pre[1][o.nPre] = start, x.first
 		o.nPre++
 	}

@@ -15,10 +15,14 @@ import "time"
 
 // Lock learning parameters: the votes of the last lockWindow requests
 // that arrived during another's prefill decide; "held" needs lockMin votes
-// and lockRatio times the "free" ones.
+// and lockRatio times the "free" ones. lockMin is 2 so that a fresh proxy
+// learns it in its first bursts (against ollama with P=4 a burst of 4
+// then 8: 4 needed most of the second burst, 7 of 24 within the bar; 2:
+// 13 of 24); the ratio keeps an engine without a lock, whose short
+// prompts overtake long ones, from taking it.
 const (
 	lockWindow = 256
-	lockMin    = 4
+	lockMin    = 2
 	lockRatio  = 4
 )
 
@@ -66,14 +70,15 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // after those in progress at that end, and so on (a prefill that began
 // with it, at the same placed start, shares its batch: ollama's waiting
 // requests take their slots together when the batch ends, though a
-// request that arrives a millisecond after another's slot start waits). It reads the entries
-// the last scan collected. The caller holds o.mu.
-func (o *occupancy) lockEnd(e occEntry, start int64) int64 {
+// request that arrives a millisecond after another's slot start waits).
+// Only prefills that ended least before e's first output are waited for.
+// It reads the entries the last scan collected. The caller holds o.mu.
+func (o *occupancy) lockEnd(e occEntry, start, least int64) int64 {
 	for range o.nPre {
 		moved := false
 		for i := range o.nPre {
 			s0, f := o.pre[0][i], o.pre[1][i]
-			if startedFirst(s0, f, start, e.first) && start < f && f < e.first {
+			if startedFirst(s0, f, start, e.first) && start < f && f < e.first-least {
 				start, moved = f, true
 			}
 		}
@@ -94,7 +99,11 @@ func (o *occupancy) lockEnd(e occEntry, start int64) int64 {
 // would make its prefill seem to cover theirs).
 func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, haveEst bool) (q time.Duration, lstart int64) {
 	start := e.arrive + int64(queue)
-	end := o.lockEnd(e, start)
+	// A prefill that ended less than e's own could take before its first
+	// output was not waited for: requests that shared their batches have
+	// their first outputs within milliseconds of each other.
+	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
+	end := o.lockEnd(e, start, least)
 	o.lock.observe(lockVote(o, e, start, end, point, est, haveEst))
 	if end == start || !o.lock.held() {
 		return queue, end
@@ -108,6 +117,15 @@ func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Durati
 	gap, from := e.first-end, e.first-start
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
+		return lockHeld
+	case end > start && point > 0 && o.sharedStart(end) && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
+		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
+		// It took its slot with others when that prefill ended: they
+		// share their batches (ollama decodes one batch of all their
+		// prompts' chunks on one thread), so its prefill from there is
+		// longer than its own estimate (P=4, three requests waiting for
+		// a 611-token prefill: 1.99 s each from there, against ~0.6 s
+		// alone), and none of them could have begun sooner.
 		return lockHeld
 	case end > start && point <= 0 && haveEst:
 		bound := int64(prefillSlack*float64(est)) + int64(slackTime)
@@ -127,6 +145,18 @@ func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Durati
 		return lockFree // too soon after that prefill's end to have begun at it
 	}
 	return lockNone
+}
+
+// sharedStart reports whether a request prefilling during e's wait took
+// its slot at start too (its start under the lock). The caller holds
+// o.mu.
+func (o *occupancy) sharedStart(start int64) bool {
+	for i := range o.nPre {
+		if o.pre[0][i] == start {
+			return true
+		}
+	}
+	return false
 }
 
 // startedFirst reports whether a request whose slot started at s0 (under

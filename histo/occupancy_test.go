@@ -365,3 +365,48 @@ func TestFirstOutputAllocs(t *testing.T) {
 	tr := monotonic(served(0, 100, 300, 0))
 	require.Zero(t, testing.AllocsPerRun(500, func() { tr.ID++; r.FirstOutput(&tr) }))
 }
+
+// TestBatchLockSharedBatches: on ollama's llamarunner (one thread, P=4)
+// requests that arrive during another's prefill wait for it under the
+// runner's lock, then take their slots together and share their batches:
+// each one's prefill from there is about the sum of theirs, longer than
+// its own estimate. The one that held the lock has the longest answer, so
+// the others are recorded first and see its prefill only live. Two such
+// bursts teach the proxy the lock; the third is split right.
+func TestBatchLockSharedBatches(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	for i := range 8 { // 1 ms per token, alone
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.CachedTokens = 600, 0
+		r.Record(&tr)
+	}
+	var last [3]Request
+	for b := range 3 {
+		base := 100000 + float64(b)*20000
+		holder := served(base, base+600, base+9000, 0)
+		holder.PromptTokens, holder.CachedTokens = 600, 0
+		holder.ID = uint64(1000 + 10*b)
+		r.FirstOutput(&holder)
+		for i := range 3 { // took their slots at base+600 together: 1,800 tokens on one thread
+			w := served(base+1+float64(i), base+2400+float64(i), base+3000+float64(100*i), 1+i)
+			w.PromptTokens, w.CachedTokens = 600, 0
+			w.ID = holder.ID + 1 + uint64(i)
+			r.Record(&w)
+			last[i] = r.Recent(1)[0]
+		}
+		r.Record(&holder)
+	}
+	for i, rq := range last {
+		require.Equal(t, SourceOccupancy, rq.QueueSource)
+		require.InDelta(t, 599-float64(i), rq.Queue.Millis(), 25, "request %d waited for the holder's prefill", i+1)
+	}
+
+	// A request whose first output came 2 ms after one of theirs shared
+	// their batches: it did not wait for that prefill to end (a prefill of
+	// 2 ms is none), though it arrived during it.
+	late := served(100000+2*20000+1000, 100000+2*20000+2404, 100000+2*20000+2600, 3)
+	late.PromptTokens, late.CachedTokens = 600, 0
+	r.Record(&late)
+	rq := r.Recent(1)[0]
+	require.GreaterOrEqual(t, rq.Prefill.Millis(), 300.0, "queue %.1f ms", rq.Queue.Millis())
+}

@@ -58,10 +58,6 @@ func (s *Span) UnmarshalJSON(b []byte) error {
 // number or null (histo/dist).
 type Float = dist.Float
 
-// Dist is a distribution in a snapshot section, with its HDR histogram so
-// that sections merge exactly (histo/dist).
-type Dist = dist.Dist
-
 // Count is a token count that may be unknown (negative, as in proxy.Trace);
 // it marshals to JSON as a number or null.
 type Count int64

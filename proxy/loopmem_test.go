@@ -3,9 +3,12 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"runtime"
 	"strings"
 	"sync"
@@ -22,6 +25,13 @@ import (
 // well below it. Before the upstream connection's read buffer was lent per
 // exchange, a held stream kept ~27 KiB of heap.
 const heldStreamHeapBound = 12 << 10
+
+// streamStartAllocBound is the most a stream's start through the loop may
+// allocate, the test's own client and engine included: what it allocates
+// and drops is garbage the heap grows by before the collector runs, which
+// RSS sees (a 64 KiB fasthttp read buffer dropped at every hijack, and a
+// 16 KiB relay buffer the loop never used, were 82 KiB of it).
+const streamStartAllocBound = 24 << 10
 
 // TestLoopHeldStreamMemory holds many streams open in the loops, each
 // waiting for its engine's next event, and measures the heap in use and
@@ -79,16 +89,18 @@ func TestLoopHeldStreamMemory(t *testing.T) {
 		}
 		before := loopStreamsStarted()
 		open(warm)
-		h0, g0 := settledHeap()
+		h0, g0, a0 := settledHeap()
 		open(n - warm)
-		h1, g1 := settledHeap()
+		h1, g1, a1 := settledHeap()
 		require.Equal(t, int64(n), loopStreamsStarted()-before, "every stream went to a loop")
 		perStream := float64(h1-h0) / float64(n-warm)
 		goroutines := float64(g1-g0) / float64(n-warm)
-		t.Logf("%d streams held: heap in use %.1f KiB per stream (bound %d KiB), goroutines per stream %.2f (the test's upstream has one)",
-			n, perStream/1024, heldStreamHeapBound>>10, goroutines)
+		churn := float64(a1-a0) / float64(n-warm)
+		t.Logf("%d streams held: heap in use %.1f KiB per stream (bound %d KiB), allocated %.1f KiB per stream start (bound %d KiB), goroutines per stream %.2f (the test's upstream has one)",
+			n, perStream/1024, heldStreamHeapBound>>10, churn/1024, streamStartAllocBound>>10, goroutines)
 		require.Less(t, perStream, float64(heldStreamHeapBound), "a held stream keeps too much heap")
 		require.Less(t, goroutines, 1.1, "the proxy keeps a goroutine per held stream")
+		require.Less(t, churn, float64(streamStartAllocBound), "a stream's start leaves too much garbage")
 	})
 }
 
@@ -96,7 +108,7 @@ func TestLoopHeldStreamMemory(t *testing.T) {
 // garbage of the streams' start is collected: fasthttp's hijack goroutines
 // end just after the loop takes the stream, so the count is read once
 // stable.
-func settledHeap() (heapInuse uint64, goroutines int) {
+func settledHeap() (heapInuse uint64, goroutines int, totalAlloc uint64) {
 	last := -1
 	for range 100 {
 		g := runtime.NumGoroutine()
@@ -110,7 +122,7 @@ func settledHeap() (heapInuse uint64, goroutines int) {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse, runtime.NumGoroutine()
+	return ms.HeapInuse, runtime.NumGoroutine(), ms.TotalAlloc
 }
 
 // holdOneStream is the engine side of one held stream, without a buffered
@@ -152,4 +164,44 @@ func openHeldStream(t *testing.T, addr string) net.Conn {
 	}
 	require.NoError(t, c.SetDeadline(time.Time{}))
 	return c
+}
+
+// TestLoopStreamStaysCounted: a stream in a loop keeps its client
+// connection open and counted against MaxClientConns after fasthttp's
+// close at the end of the hijack (countedConn.detach), and the count falls
+// when the connection really closes.
+func TestLoopStreamStaysCounted(t *testing.T) {
+	withLoop(t, func(t *testing.T) {
+		up := sseUpstream(t, 1000, 10*time.Millisecond)
+		base, p := startProxy(t, Config{Upstream: up.URL(), MaxClientConns: 1}, NopRecorder{})
+		before := loopStreamsStarted()
+		c := rawPost(t, base, "/v1/chat/completions", `{"stream":true}`)
+		require.NoError(t, c.SetReadDeadline(time.Now().Add(10*time.Second)))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		first := make([]byte, len(scriptedEvent(0)))
+		_, err = io.ReadFull(resp.Body, first)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), loopStreamsStarted()-before)
+		// The hijack's goroutine has returned, and fasthttp closed the
+		// connection it served, by the time the loop relays: more events
+		// still arrive, and a second client is over the bound.
+		require.Eventually(t, func() bool { return p.Hijacked() == 0 }, 5*time.Second, time.Millisecond)
+		more := make([]byte, len(scriptedEvent(1)))
+		_, err = io.ReadFull(resp.Body, more)
+		require.NoError(t, err, "the stream was cut when fasthttp closed the hijacked connection")
+		require.Equal(t, scriptedEvent(1), string(more))
+		br2, _ := rawDial(t, base, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp2, err := http.ReadResponse(br2, nil)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusServiceUnavailable, resp2.StatusCode, "the loop's connection was not counted")
+		c.Close()
+		require.Eventually(t, func() bool {
+			br3, c3 := rawDial(t, base, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+			defer c3.Close()
+			resp3, err := http.ReadResponse(br3, nil)
+			return err == nil && resp3.StatusCode != http.StatusServiceUnavailable
+		}, 10*time.Second, 20*time.Millisecond, "the count did not fall when the stream's connection closed")
+	})
 }

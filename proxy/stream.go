@@ -101,6 +101,7 @@ func (r *relay) SupportsBodyWriteTo() bool { return true }
 // chunk: a broken generation must never look complete (nginx
 // proxy_unfinished.t, Go's ErrAbortHandler).
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
+	r.takeBuf()
 	src := r.resp.BodyStream()
 	var total int64
 	for {
