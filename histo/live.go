@@ -79,7 +79,7 @@ func (l *liveTable) read(i int, epoch time.Time, self uint64) (live, bool) {
 // is still in flight. Safe for concurrent use; it does not block or
 // allocate.
 func (r *Recorder) FirstOutput(tr *proxy.Trace) {
-	if !inference(tr.Route) || tr.Admit.IsZero() || tr.FirstOutput.IsZero() {
+	if !tr.Route.Generates() || tr.Admit.IsZero() || tr.FirstOutput.IsZero() {
 		return
 	}
 	r.occ.live.put(tr)
