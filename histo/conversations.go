@@ -30,8 +30,8 @@ import (
 
 // Defaults of the conversation state bounds.
 const (
-	DefaultMaxConversations = 4096
-	DefaultConversationIdle = 30 * time.Minute
+	defaultMaxConversations = 4096
+	defaultConversationIdle = 30 * time.Minute
 )
 
 const (
@@ -320,12 +320,12 @@ type ConversationsSection struct {
 	AgentShare Float `json:"agent_share"`
 	// AgentGapMs is the agent gaps, EngineTurnMs each turn's t_recv →
 	// t_end.
-	AgentGapMs   Dist `json:"agent_gap_ms"`
-	EngineTurnMs Dist `json:"engine_turn_ms"`
+	AgentGapMs   dist.Dist `json:"agent_gap_ms"`
+	EngineTurnMs dist.Dist `json:"engine_turn_ms"`
 	// The shares of their wall time the window's conversations spent in the
 	// agent and in the engine, one sample per conversation.
-	AgentShareByConversation  Dist `json:"agent_share_by_conversation"`
-	EngineShareByConversation Dist `json:"engine_share_by_conversation"`
+	AgentShareByConversation  dist.Dist `json:"agent_share_by_conversation"`
+	EngineShareByConversation dist.Dist `json:"engine_share_by_conversation"`
 	// Slowest are the conversations with the longest wall time, at most 10.
 	Slowest []ConversationRecord `json:"slowest"`
 }
@@ -396,7 +396,7 @@ func MergeConversations(sections ...*ConversationsSection) *ConversationsSection
 // mergeConversations combines two or more sections.
 func mergeConversations(in []*ConversationsSection) *ConversationsSection {
 	out := &ConversationsSection{}
-	var gaps, turns, agent, engine []Dist
+	var gaps, turns, agent, engine []dist.Dist
 	latest := make(map[string]ConversationRecord)
 	for _, s := range in {
 		out.Conversations += s.Conversations

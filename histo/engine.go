@@ -16,9 +16,11 @@ import (
 // that a reader can hold one against the other.
 type EngineFigures struct {
 	Queue        Span  `json:"engine_queue_ms"`           // vLLM metrics.queue_time_ms, TGI x-queue-time
-	Prefill      Span  `json:"engine_prefill_ms"`         // llama.cpp timings.prompt_ms, vLLM ttft − queue
-	Decode       Span  `json:"engine_decode_ms"`          // llama.cpp timings.predicted_ms
+	Prefill      Span  `json:"engine_prefill_ms"`         // llama.cpp timings.prompt_ms, vLLM ttft − queue, ollama prompt_eval_duration
+	Decode       Span  `json:"engine_decode_ms"`          // llama.cpp timings.predicted_ms, ollama eval_duration
 	Inference    Span  `json:"engine_inference_ms"`       // TGI x-inference-time: prefill and decode
+	Total        Span  `json:"engine_total_ms"`           // ollama total_duration: the engine's handler start to the end
+	Load         Span  `json:"engine_load_ms"`            // ollama load_duration: getting a loaded model, within Total
 	CachedTokens Count `json:"engine_cached_tokens"`      // llama.cpp timings.cache_n
 	PromptEval   Count `json:"engine_prompt_eval_tokens"` // llama.cpp timings.prompt_n: the prompt tokens computed
 	// RunningAtAdmit and WaitingAtAdmit are the engine's own counts from
@@ -39,6 +41,8 @@ func engineFiguresOf(tr *proxy.Trace) EngineFigures {
 		Prefill:        engineSpan(tr.ServerPrefill),
 		Decode:         engineSpan(tr.ServerDecode),
 		Inference:      engineSpan(tr.ServerInference),
+		Total:          engineSpan(tr.ServerTotal),
+		Load:           engineSpan(tr.ServerLoad),
 		CachedTokens:   Count(tr.ServerCachedTokens),
 		PromptEval:     Count(tr.ServerPromptEval),
 		RunningAtAdmit: -1,
@@ -112,7 +116,7 @@ type EngineSection struct {
 	PrefillRatio     Float `json:"prefill_seconds_ratio"`
 }
 
-// engineReporter is what EngineSection needs of the EngineLoad: the
+// engineReporter is what engineSection needs of the EngineLoad: the
 // scraper of histo/engine has it; another EngineLoad yields no section.
 type engineReporter interface {
 	Status() (engine.State, int64, error)
@@ -120,9 +124,9 @@ type engineReporter interface {
 	Agreement() (engine.Agreement, bool)
 }
 
-// EngineSection reads the engine's /metrics as last scraped; nil when no
+// engineSection reads the engine's /metrics as last scraped; nil when no
 // scraper is set. Safe for concurrent use.
-func (r *Recorder) EngineSection() *EngineSection {
+func (r *Recorder) engineSection() *EngineSection {
 	b := r.load.Load()
 	if b == nil {
 		return nil

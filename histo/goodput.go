@@ -65,9 +65,9 @@ func SLONames() []string {
 // String returns the flag form, "ttft=2s".
 func (s SLO) String() string { return s.Metric + "=" + s.Threshold.String() }
 
-// CurveMultiples are the budgets, as multiples of each SLO's threshold, at
+// curveMultiples are the budgets, as multiples of each SLO's threshold, at
 // which the goodput-vs-budget curve is evaluated.
-var CurveMultiples = [...]float64{0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4}
+var curveMultiples = [...]float64{0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4}
 
 // maxSLOs bounds Config.SLOs: one per metric (New rejects duplicates), so
 // it is the number of rows of the phase table marked slo. It is written
@@ -81,7 +81,7 @@ const maxSLOs = 5
 type tally struct {
 	requests, failed, good int64
 	met                    [maxSLOs]int64
-	within                 [maxSLOs][len(CurveMultiples)]int64
+	within                 [maxSLOs][len(curveMultiples)]int64
 }
 
 // add judges one finished inference request and reports whether it was
@@ -103,7 +103,7 @@ func (t *tally) add(failed bool, v *phaseValues, slos []SLO, ms *[maxSLOs]Metric
 		} else {
 			good = false
 		}
-		for j, k := range CurveMultiples {
+		for j, k := range curveMultiples {
 			if x != x || x <= k*float64(s.Threshold) {
 				t.within[i][j]++
 			}
@@ -138,7 +138,7 @@ type Goodput struct {
 }
 
 // Curve is one SLO's goodput-vs-budget curve: the share of requests that did
-// not fail and were within the threshold scaled by each of CurveMultiples.
+// not fail and were within the threshold scaled by each of curveMultiples.
 // The point at multiple 1 is the SLO itself.
 type Curve struct {
 	Metric    string       `json:"metric"`
@@ -169,8 +169,8 @@ func (t *tally) goodput(slos []SLO) Goodput {
 	g.Curves = make([]Curve, len(slos))
 	for i, s := range slos {
 		c := Curve{Metric: s.Metric, Threshold: Span(s.Threshold), Met: t.met[i], Ratio: ratio(t.met[i], t.requests)}
-		c.Points = make([]CurvePoint, len(CurveMultiples))
-		for j, k := range CurveMultiples {
+		c.Points = make([]CurvePoint, len(curveMultiples))
+		for j, k := range curveMultiples {
 			c.Points[j] = CurvePoint{
 				Multiple: k,
 				Budget:   Span(time.Duration(k * float64(s.Threshold))),
@@ -193,9 +193,9 @@ func (r *Recorder) Goodput() (window, cumulative Goodput) {
 	return w.goodput(r.cfg.SLOs), c.goodput(r.cfg.SLOs)
 }
 
-// GoodputCurve returns the goodput-vs-budget curve of every configured SLO
+// goodputCurve returns the goodput-vs-budget curve of every configured SLO
 // over the current window. Safe for concurrent use.
-func (r *Recorder) GoodputCurve() []Curve {
+func (r *Recorder) goodputCurve() []Curve {
 	w, _ := r.Goodput()
 	return w.Curves
 }

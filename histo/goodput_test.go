@@ -89,7 +89,7 @@ func TestGoodput(t *testing.T) {
 	require.Equal(t, int64(2), win.Curves[0].Met) // ttft
 	require.Equal(t, int64(3), win.Curves[1].Met) // tpot
 
-	curve := r.GoodputCurve()[0]
+	curve := r.goodputCurve()[0]
 	require.Equal(t, "ttft", curve.Metric)
 	shares := map[float64]Float{}
 	for _, p := range curve.Points {

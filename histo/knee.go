@@ -69,12 +69,12 @@ type ConcurrencySection struct {
 // is prefill + generation. Both cover the successful requests whose split
 // is known; Requests and Rejected count every admitted request.
 type ConcurrencyLevel struct {
-	Level     string `json:"level"`    // "0" … "63", "64+"
-	Inflight  int    `json:"inflight"` // the level as a number; 64 for "64+"
-	Requests  int64  `json:"requests"`
-	Rejected  int64  `json:"rejected"` // answered 429 or 503
-	QueueMs   Dist   `json:"queue_ms"`
-	ServiceMs Dist   `json:"service_ms"`
+	Level     string    `json:"level"`    // "0" … "63", "64+"
+	Inflight  int       `json:"inflight"` // the level as a number; 64 for "64+"
+	Requests  int64     `json:"requests"`
+	Rejected  int64     `json:"rejected"` // answered 429 or 503
+	QueueMs   dist.Dist `json:"queue_ms"`
+	ServiceMs dist.Dist `json:"service_ms"`
 }
 
 // kneeLevel is one level's tally.
@@ -231,7 +231,7 @@ func MergeConcurrency(sections ...*ConcurrencySection) *ConcurrencySection {
 // mergeConcurrency combines two or more sections.
 func mergeConcurrency(in []*ConcurrencySection) *ConcurrencySection {
 	var levels [maxLevel + 1]*ConcurrencyLevel
-	var queues, services [maxLevel + 1][]Dist
+	var queues, services [maxLevel + 1][]dist.Dist
 	out := &ConcurrencySection{Levels: []ConcurrencyLevel{}}
 	for _, s := range in {
 		out.LimiterRejected += s.LimiterRejected

@@ -119,10 +119,10 @@ type LedgerParts struct {
 // PromptBytes (of all bytes sent, the part's share), PerRequest the
 // distribution of each request's own share.
 type LedgerPart struct {
-	Bytes      int64 `json:"bytes"`
-	TokensEst  int64 `json:"tokens_est"`
-	Share      Float `json:"share"`
-	PerRequest Dist  `json:"share_per_request"`
+	Bytes      int64     `json:"bytes"`
+	TokensEst  int64     `json:"tokens_est"`
+	Share      Float     `json:"share"`
+	PerRequest dist.Dist `json:"share_per_request"`
 }
 
 // TurnBucket is the mean bytes of each part over the requests whose turn
@@ -222,7 +222,7 @@ func MergeLedger(sections ...*LedgerSection) *LedgerSection {
 // mergeLedger combines two or more sections.
 func mergeLedger(in []*LedgerSection) *LedgerSection {
 	var t ledgerTally
-	var shares [numParts][]Dist
+	var shares [numParts][]dist.Dist
 	for _, s := range in {
 		t.requests += s.Requests
 		t.prompt += s.PromptBytes

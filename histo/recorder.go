@@ -1,19 +1,3 @@
-// Package histo turns the proxy's Traces into phase measurements: exact HDR
-// histograms per window for v1 snapshots, native+classic Prometheus
-// histograms for /metrics, an honest queue/prefill split, and goodput
-// against configured SLOs.
-//
-// Inside: the Recorder (recorder.go); the phase table, the one place each
-// phase's names, unit, metric and keys are declared, with its definitions
-// (evalPhases) that Record evaluates once per request (phases.go); HDR pairs
-// (hdr.go); Prometheus collectors (metrics.go, labeled.go); windows
-// (window.go) and their per-concern tallies (tally.go: retry.go,
-// prefix.go, ledger.go, knee.go, conversations.go, cache.go); the
-// queue/prefill split and the engine's timeline (split.go, occupancy.go,
-// slots.go); goodput (goodput.go); the /requests ring (requests.go,
-// requests_other.go); failure words (failures.go). The host-noise probe is
-// histo/selfcheck; the shared nullable number and mergeable distribution
-// are histo/dist; the v1 files are histo/snapshot.
 package histo
 
 import (
@@ -106,9 +90,9 @@ func (c *Config) setDefaults() error {
 	}
 	c.RecentRequests = orDefault(c.RecentRequests, 512)
 	c.MaxWindowRequests = orDefault(c.MaxWindowRequests, 100_000)
-	c.MaxConversations = orDefault(c.MaxConversations, DefaultMaxConversations)
+	c.MaxConversations = orDefault(c.MaxConversations, defaultMaxConversations)
 	if c.ConversationIdle == 0 {
-		c.ConversationIdle = DefaultConversationIdle
+		c.ConversationIdle = defaultConversationIdle
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -229,7 +213,8 @@ func (r *Recorder) gauges() []prometheus.Collector {
 // anvilproxy_requests_total only.
 func inference(rt proxy.Route) bool {
 	switch rt {
-	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion:
+	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion,
+		proxy.RouteOllamaGenerate, proxy.RouteOllamaChat:
 		return true
 	}
 	return false
@@ -358,8 +343,8 @@ func (r *Recorder) SelfCheck() *selfcheck.Probe { return r.self }
 // /requests and /healthz. The caller adds /snapshot and the dashboard at /
 // to the same mux.
 func (r *Recorder) Register(mux *http.ServeMux) {
-	mux.Handle("GET /metrics", r.MetricsHandler())
-	mux.Handle("GET /requests", r.RequestsHandler())
+	mux.Handle("GET /metrics", r.metricsHandler())
+	mux.Handle("GET /requests", r.requestsHandler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -373,8 +358,8 @@ func (r *Recorder) Handler() http.Handler {
 	return mux
 }
 
-// MetricsHandler serves the registry the Recorder was given.
-func (r *Recorder) MetricsHandler() http.Handler {
+// metricsHandler serves the registry the Recorder was given.
+func (r *Recorder) metricsHandler() http.Handler {
 	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
 

@@ -411,7 +411,7 @@ func TestConcurrentRecordRotateScrape(t *testing.T) {
 				t.Errorf("window has %d records but %d e2e values", len(w.Requests), n)
 			}
 			_ = r.Current()
-			_ = r.Cumulative()
+			_ = r.cumulative()
 		}
 	})
 	readers.Go(func() {
@@ -442,5 +442,5 @@ func TestConcurrentRecordRotateScrape(t *testing.T) {
 	require.Equal(t, int64(writers*perWriter), total)
 	_, cum := r.Goodput()
 	require.Equal(t, int64(writers*perWriter), cum.Requests)
-	require.Equal(t, int64(writers*perWriter), r.Cumulative().Hist[MetricInterEvent].TotalCount())
+	require.Equal(t, int64(writers*perWriter), r.cumulative().Hist[MetricInterEvent].TotalCount())
 }

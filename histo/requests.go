@@ -12,23 +12,23 @@ import (
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
 
-// Span is a measured duration that may be unknown (NoSpan). It marshals to
+// Span is a measured duration that may be unknown (noSpan). It marshals to
 // JSON as milliseconds, the v1 schema's unit, or null: a phase that did not
 // happen is reported as null, never as 0.
 type Span time.Duration
 
-// NoSpan is the unknown Span.
-const NoSpan = Span(math.MinInt64)
+// noSpan is the unknown Span.
+const noSpan = Span(math.MinInt64)
 
 func spanOf(d time.Duration, ok bool) Span {
 	if !ok {
-		return NoSpan
+		return noSpan
 	}
 	return Span(d)
 }
 
 // Known reports whether s was measured.
-func (s Span) Known() bool { return s != NoSpan }
+func (s Span) Known() bool { return s != noSpan }
 
 // Millis returns s in milliseconds; NaN when unknown.
 func (s Span) Millis() float64 {
@@ -47,7 +47,7 @@ func (s *Span) UnmarshalJSON(b []byte) error {
 	if err := f.UnmarshalJSON(b); err != nil {
 		return err
 	}
-	*s = NoSpan
+	*s = noSpan
 	if !math.IsNaN(float64(f)) {
 		*s = Span(math.Round(float64(f) * float64(time.Millisecond)))
 	}
@@ -57,10 +57,6 @@ func (s *Span) UnmarshalJSON(b []byte) error {
 // Float is a float64 that may be unknown (NaN); it marshals to JSON as a
 // number or null (histo/dist).
 type Float = dist.Float
-
-// Dist is a distribution in a snapshot section, with its HDR histogram so
-// that sections merge exactly (histo/dist).
-type Dist = dist.Dist
 
 // Count is a token count that may be unknown (negative, as in proxy.Trace);
 // it marshals to JSON as a number or null.
@@ -238,7 +234,7 @@ func (rq *Request) setPhases(v *phaseValues) {
 
 func spanRaw(raw float64) Span {
 	if raw != raw {
-		return NoSpan
+		return noSpan
 	}
 	return Span(raw)
 }
@@ -305,7 +301,7 @@ func (rq *Request) slot(m Metric) (*Span, *Float, *Count) {
 func stampsOf(tr *proxy.Trace) Stamps {
 	at := func(t time.Time) Span {
 		if t.IsZero() || tr.Recv.IsZero() {
-			return NoSpan
+			return noSpan
 		}
 		return Span(t.Sub(tr.Recv))
 	}
@@ -348,10 +344,10 @@ func (r *Recorder) Recent(limit int) []Request {
 	return r.recent.newest(limit)
 }
 
-// RequestsHandler serves the most recent requests as JSON,
+// requestsHandler serves the most recent requests as JSON,
 // {"requests": [...]}, newest first; ?limit=N returns at most N. It never
 // serves content: a Request holds none.
-func (r *Recorder) RequestsHandler() http.Handler {
+func (r *Recorder) requestsHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		limit := r.cfg.RecentRequests
 		if s := req.URL.Query().Get("limit"); s != "" {

@@ -88,7 +88,7 @@ func TestSpanJSON(t *testing.T) {
 		in   Span
 		want string
 	}{
-		{NoSpan, "null"},
+		{noSpan, "null"},
 		{0, "0"},
 		{Span(1500 * time.Microsecond), "1.5"},
 		{Span(1418298300 * time.Nanosecond), "1418.2983"},

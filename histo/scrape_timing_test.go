@@ -37,7 +37,7 @@ func BenchmarkScrape(b *testing.B) {
 		{"protobuf", "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited"},
 	}
 	r := scrapeAtBound(b)
-	h := r.MetricsHandler()
+	h := r.metricsHandler()
 	for _, f := range formats {
 		b.Run(f.name, func(b *testing.B) {
 			var size int

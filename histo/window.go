@@ -15,7 +15,7 @@ import (
 // histograms of every Metric and one Request record per finished inference
 // request. It is what the snapshot writer turns into an
 // anvil-serving.benchmark/v1 file. A Window returned by Rotate, Current or
-// Cumulative belongs to the caller; the Recorder never touches it again.
+// cumulative belongs to the caller; the Recorder never touches it again.
 type Window struct {
 	Start, End time.Time
 
@@ -29,7 +29,7 @@ type Window struct {
 	Clamped [NumMetrics]int64
 
 	// Requests are the window's inference requests in the order they
-	// finished, failed ones included (Request.Failed). Nil for Cumulative.
+	// finished, failed ones included (Request.Failed). Nil for cumulative.
 	Requests []Request
 	// Dropped counts requests beyond Config.MaxWindowRequests: they are in
 	// Hist and Goodput but have no record.
@@ -44,7 +44,7 @@ type Window struct {
 	// Retry is the window's client retry figures (docs/design.md "Retries") and Prefix
 	// its prompt-prefix figures (docs/design.md "Prefix drift"); Conversations its agent-side time,
 	// Ledger its prompt composition, Concurrency its requests by engine
-	// load and Quality its measurement quality. All nil for Cumulative.
+	// load and Quality its measurement quality. All nil for cumulative.
 	Retry         *RetrySection
 	Prefix        *PrefixSection
 	Conversations *ConversationsSection
@@ -53,7 +53,7 @@ type Window struct {
 	Quality       *selfcheck.Section
 	// Cache is the window's prefix-cache figures, engine-reported and
 	// inferred side by side; Slots the engine's slot count as the
-	// occupancy split used it when the window ended. Nil for Cumulative.
+	// occupancy split used it when the window ended. Nil for cumulative.
 	Cache *CacheSection
 	Slots *SlotsSection
 	// Engine is the engine's /metrics as last scraped when the window
@@ -61,11 +61,11 @@ type Window struct {
 	Engine *EngineSection
 }
 
-// Encode returns every histogram in the HdrHistogram V2 compressed
+// encode returns every histogram in the HdrHistogram V2 compressed
 // encoding, base64 (compatible with the Java library and
 // hdrhistogram.Decode), keyed by Metric.String(): the form v1 snapshots
 // carry so that windows and replicas merge exactly.
-func (w *Window) Encode() (map[string]string, error) {
+func (w *Window) encode() (map[string]string, error) {
 	out := make(map[string]string, len(w.Hist))
 	for m, h := range w.Hist {
 		b, err := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
@@ -211,13 +211,13 @@ func (r *Recorder) fill(out *Window, w *window, quality *selfcheck.Section) {
 	w.tallies.put(out)
 	slots := r.Slots()
 	out.Slots = &slots
-	out.Engine = r.EngineSection()
+	out.Engine = r.engineSection()
 	out.Quality = quality
 }
 
-// Cumulative returns the histograms, clamp counts and goodput since New,
+// cumulative returns the histograms, clamp counts and goodput since New,
 // without per-request records or queue sources. Safe for concurrent use.
-func (r *Recorder) Cumulative() *Window {
+func (r *Recorder) cumulative() *Window {
 	out := &Window{Start: r.start, End: r.cfg.Now()}
 	r.mu.Lock()
 	t := r.total

@@ -51,7 +51,7 @@ func TestRotate(t *testing.T) {
 	// A finished window is the caller's: later traffic does not reach it.
 	require.Equal(t, int64(2), w.Hist[MetricTTFT].TotalCount())
 
-	cum := r.Cumulative()
+	cum := r.cumulative()
 	require.Equal(t, t0, cum.Start)
 	require.Nil(t, cum.Requests)
 	require.Equal(t, int64(4), cum.Hist[MetricTTFT].TotalCount())
@@ -85,7 +85,7 @@ func TestWindowEncode(t *testing.T) {
 	tr := chat()
 	r.Record(&tr)
 	w := r.Rotate()
-	enc, err := w.Encode()
+	enc, err := w.encode()
 	require.NoError(t, err)
 	require.Len(t, enc, int(NumMetrics))
 
@@ -133,6 +133,6 @@ func TestRecorderWindowQuality(t *testing.T) {
 		r.SelfCheck().Stop()
 		require.Equal(t, selfcheck.VerdictGood, r.Rotate().Quality.Verdict)
 		require.Equal(t, selfcheck.VerdictUnknown, r.Rotate().Quality.Verdict)
-		require.Nil(t, r.Cumulative().Quality)
+		require.Nil(t, r.cumulative().Quality)
 	})
 }

@@ -50,6 +50,8 @@ func readTiming(tr *Trace, t *sse.Timing) {
 	tr.ServerPrefill = msDuration(t.PrefillMs)
 	tr.ServerDecode = msDuration(t.DecodeMs)
 	tr.ServerInference = msDuration(t.InferenceMs)
+	tr.ServerTotal = msDuration(t.TotalMs)
+	tr.ServerLoad = msDuration(t.LoadMs)
 	tr.ServerPromptEval = t.PromptEval
 	tr.ServerCachedTokens = t.CachedTokens
 	if tr.CachedTokens < 0 && t.CachedTokens >= 0 {

@@ -23,7 +23,7 @@ func TestRequestFramingRejected(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := p.Server()
-	go srv.Serve(ln) //nolint:errcheck
+	go srv.Serve(p.Listener(ln)) //nolint:errcheck // as serve does: the event loop needs its countedConn
 	t.Cleanup(func() { _ = srv.Shutdown() })
 
 	secret := "Authorization: Bearer sk-CANARY-framing\r\n"

@@ -250,7 +250,7 @@ func newFramingHarness(tb testing.TB) *framingHarness {
 	require.NoError(tb, err)
 	srv := p.Server()
 	srv.IdleTimeout = 100 * time.Millisecond // close kept-alive fuzz connections fast
-	go srv.Serve(pln)                        //nolint:errcheck // ends at Shutdown
+	go srv.Serve(p.Listener(pln))            //nolint:errcheck // ends at Shutdown; as serve does
 	tb.Cleanup(func() { _ = srv.Shutdown() })
 	return &framingHarness{p: p, up: up, ln: pln}
 }

@@ -48,11 +48,25 @@ func stripHops(h header) {
 		var tok []byte
 		tok, named, _ = bytes.Cut(named, []byte(","))
 		if tok = bytes.TrimSpace(tok); len(tok) > 0 {
-			h.DelBytes(tok)
+			delBytes(h, tok)
 		}
 	}
 	for _, name := range hopHeaders {
 		h.Del(name)
+	}
+}
+
+// delBytes deletes the header named key through the concrete type: the
+// interface call would make key, and so stripHops's stack buffer, escape
+// (an allocation of 256 B twice per request).
+func delBytes(h header, key []byte) {
+	switch h := h.(type) {
+	case *fasthttp.RequestHeader:
+		h.DelBytes(key)
+	case *fasthttp.ResponseHeader:
+		h.DelBytes(key)
+	default: // none but the two: a copy, so that key does not escape
+		h.DelBytes(append([]byte(nil), key...))
 	}
 }
 

@@ -71,7 +71,7 @@ func startProxy(t *testing.T, cfg Config, rec Recorder) (string, *Proxy) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	srv := p.Server()
-	go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+	go srv.Serve(p.Listener(ln)) //nolint:errcheck // ends at Shutdown; the listener serve uses
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	return "http://" + ln.Addr().String(), p
 }

@@ -116,6 +116,7 @@ func (p *Proxy) tunnel(r *relay, cc net.Conn, head []byte) {
 	}()
 	// upstream → client: what the connection's reader already holds comes
 	// first; the upstream connection renews its own read deadline.
+	r.takeBuf()
 	down := t.copy(cc, c.br, nil, cc, r.buf)
 	if down.readErr == io.EOF && down.writeErr == nil {
 		_ = closeWrite(cc)

@@ -19,9 +19,8 @@ import (
 //  1. Pooled. Proxy.relays holds relays reset and ready (newRelay, reset);
 //     nobody may touch one there.
 //  2. Begun. begin takes one for a request, numbers its Trace and counts it
-//     in Inflight (handleReadError does the same for a request fasthttp
-//     could not read, with no route to label). From here the request owns
-//     it until finish.
+//     in Inflight (beginUnread, for a request fasthttp could not read, the
+//     same without a route). From here the request owns it until finish.
 //  3. Handled. Handle's goroutine (fasthttp's, for the client connection)
 //     fills it: admission, the upstream exchange, the response head. The
 //     one other goroutine that touches it is the client watch's
@@ -61,7 +60,7 @@ import (
 
 // newRelay is the pool's constructor: a relay with its buffers, reset.
 func (p *Proxy) newRelay() *relay {
-	r := &relay{p: p, buf: make([]byte, relayBufSize), parser: sse.NewParser(p.cfg.MaxEventBytes), maxHold: p.cfg.MaxEventBytes}
+	r := &relay{p: p, parser: sse.NewParser(p.cfg.MaxEventBytes), maxHold: p.cfg.MaxEventBytes}
 	r.cw.gone = r.clientLeft
 	if r.maxHold <= 0 {
 		r.maxHold = sse.DefaultMaxEventBytes
@@ -73,11 +72,20 @@ func (p *Proxy) newRelay() *relay {
 // begin takes a relay for a request received at recv and counts it in
 // flight: the handler and the early refusals start so.
 func (p *Proxy) begin(ctx *fasthttp.RequestCtx, recv time.Time) *relay {
+	r := p.beginUnread(ctx, recv)
+	r.tr.Route = routeOf(ctx.URI().PathOriginal())
+	r.tr.Path = pathOf(ctx.URI().PathOriginal())
+	return r
+}
+
+// beginUnread is begin for a request fasthttp could not read
+// (handleReadError): numbered, stamped and counted, with the method it
+// may have read, but no route or path, which could be read from a
+// request line that is not one.
+func (p *Proxy) beginUnread(ctx *fasthttp.RequestCtx, recv time.Time) *relay {
 	r := p.relays.Get().(*relay)
 	r.tr.ID = p.nextID.Add(1)
 	r.tr.Recv = recv
-	r.tr.Route = routeOf(ctx.URI().PathOriginal())
-	r.tr.Path = pathOf(ctx.URI().PathOriginal())
 	r.tr.Method = methodOf(ctx.Method())
 	p.inflight.Add(1)
 	r.counted = true
@@ -180,7 +188,7 @@ func (p *Proxy) finish(r *relay) {
 	if r.isSSE && r.proto != sse.ProtocolUnknown && !r.sawEnd && tr.ErrKind == ErrNone {
 		tr.Truncated = true // a known protocol ended without its end marker
 	}
-	if r.isSSE && r.parser.Pending() > 0 {
+	if r.isSSE && r.pending() > 0 {
 		tr.Truncated = true
 	}
 	if tr.Truncated && r.proto != sse.ProtocolUnknown {
@@ -252,9 +260,12 @@ func (r *relay) reset() {
 	r.resp.Reset()
 	r.conn, r.clientHeader, r.trailers = nil, nil, false
 	r.wdl.clear()
-	r.isSSE = false
+	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown
 	r.parser.Reset()
+	if r.lines != nil {
+		r.lines.Reset()
+	}
 	r.usage = sse.UnknownUsage()
 	r.timing = sse.UnknownTiming()
 	r.capture = r.capture[:0]

@@ -174,12 +174,30 @@ func (l *guardedListener) refuse(c net.Conn) {
 // it is closed.
 type countedConn struct {
 	net.Conn
-	l      *guardedListener
-	closed atomic.Bool
-	idleAt *list.Element // its place in l.idle while idle; guarded by l.idleMu
+	l        *guardedListener
+	closed   atomic.Bool
+	detached atomic.Int32  // Closes still to ignore (detach)
+	idleAt   *list.Element // its place in l.idle while idle; guarded by l.idleMu
 }
 
+// detach makes the next Close a no-op. fasthttp closes a hijacked
+// connection once its hijack handler returns (and only then gives its
+// 64 KiB read buffer back to its pool), but a stream the event loop relays
+// (loop_linux.go) keeps the socket, open and counted, and hands it to the
+// server again after (ServeConn), or closes it. Called before the hijack;
+// the one Close ignored is fasthttp's, or, if the stream ended before
+// fasthttp got to it, the loop's own (fasthttp's then closes), so the
+// connection is closed exactly when one of the two meant it to be. Each
+// detach ignores one Close: a stream handed back may be hijacked again
+// before the last hijack's close.
+func (c *countedConn) detach() { c.detached.Add(1) }
+
 func (c *countedConn) Close() error {
+	for n := c.detached.Load(); n > 0; n = c.detached.Load() {
+		if c.detached.CompareAndSwap(n, n-1) {
+			return nil // detach
+		}
+	}
 	if c.closed.CompareAndSwap(false, true) {
 		c.l.open.Add(-1)
 		c.l.markIdle(c, false)

@@ -104,6 +104,8 @@ type loop struct {
 	gen        uint32        // the last registration's generation, so a stale event is ignored
 	tick       time.Duration // the deadline scan's period while streams are active
 	nextScan   time.Time
+	armed      time.Time // the read deadline set on file: nextScan, or zero without streams
+	evs        [loopEvents]syscall.EpollEvent
 
 	mu     sync.Mutex
 	inbox  []*loopStream
@@ -184,44 +186,71 @@ func (p *Proxy) abortLoops() {
 // 10 ms when the process is quiet), and with a loop per P every other
 // goroutine (the requests fasthttp serves) would wait that long.
 // epoll_wait itself is called with a zero timeout, as a raw syscall.
+//
+// The events are handled inside the RawConn callback (poll), which parks
+// only once a wait returned fewer events than it could take: an event
+// that arrives meanwhile makes the runtime's poller mark the set ready
+// again (every event added to the set wakes what polls the set), so the
+// park returns at once and the callback waits again. A wake costs one
+// epoll_wait, not a second one that finds nothing before parking.
 func (l *loop) run() {
-	var evs [loopEvents]syscall.EpollEvent
-	var n int
-	wait := func(fd uintptr) bool {
-		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), loopEvents, 0, 0, 0)
-		n = int(r)
-		if errno != 0 {
-			n = 0
-		}
-		return n > 0 // none: park until the set is readable
-	}
-	armed := time.Time{}
+	wait := l.poll
 	for {
-		if l.active > 0 && !armed.Equal(l.nextScan) {
+		if l.needsArm() {
+			if l.active == 0 {
+				l.nextScan = time.Time{}
+			}
 			_ = l.file.SetReadDeadline(l.nextScan)
-			armed = l.nextScan
-		} else if l.active == 0 && !armed.IsZero() {
-			_ = l.file.SetReadDeadline(time.Time{})
-			armed = time.Time{}
+			l.armed = l.nextScan
 		}
-		n = 0
 		if err := l.rc.Read(wait); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			time.Sleep(10 * time.Millisecond) // cannot happen with a valid set; never spin
 			continue
 		}
-		for i := range evs[:n] {
-			slot := uint32(evs[i].Fd)
-			if slot == wakeSlot {
-				l.takeInbox()
-				continue
-			}
-			l.dispatch(slot, uint32(evs[i].Pad), evs[i].Events)
-		}
-		if l.active > 0 && !time.Now().Before(l.nextScan) {
+		if l.scanDue() {
 			l.scan()
 		}
 	}
 }
+
+// poll is run's RawConn callback: it takes the ready events and handles
+// them until a wait returns fewer than it could take, then parks (false),
+// unless the scan's deadline must be armed again or the scan is due.
+func (l *loop) poll(fd uintptr) bool {
+	for {
+		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&l.evs[0])), loopEvents, 0, 0, 0)
+		n := int(r)
+		if errno != 0 {
+			n = 0
+		}
+		for i := range l.evs[:n] {
+			slot := uint32(l.evs[i].Fd)
+			if slot == wakeSlot {
+				l.takeInbox()
+				continue
+			}
+			l.dispatch(slot, uint32(l.evs[i].Pad), l.evs[i].Events)
+		}
+		if l.scanDue() || l.needsArm() {
+			return true
+		}
+		if n < loopEvents {
+			return false
+		}
+	}
+}
+
+// needsArm reports that file's read deadline is not the scan's: streams
+// came or a scan moved nextScan, or the last stream left.
+func (l *loop) needsArm() bool {
+	if l.active > 0 {
+		return !l.armed.Equal(l.nextScan)
+	}
+	return !l.armed.IsZero()
+}
+
+// scanDue reports that the deadline scan's time has come.
+func (l *loop) scanDue() bool { return l.active > 0 && !time.Now().Before(l.nextScan) }
 
 // takeInbox starts the streams handed over, and carries out aborts.
 func (l *loop) takeInbox() {
@@ -257,7 +286,7 @@ func (l *loop) dispatch(slot, pad, ev uint32) {
 	if pad&1 == sideClientBit {
 		s.clientEvent(ev)
 	} else {
-		s.upstreamReadable()
+		s.upstreamReadable(ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0)
 	}
 }
 
@@ -266,8 +295,9 @@ const (
 	sideClientBit   = 1
 )
 
-// loopStarted counts the streams the loops have taken.
-var loopStarted atomic.Int64
+// loopStarted counts the streams the loops have taken; loopReads their
+// upstream reads, added at each stream's end (TestLoopReadsPerEvent).
+var loopStarted, loopReads atomic.Int64
 
 // start registers s's sockets and relays what is already there.
 func (l *loop) start(s *loopStream) {
@@ -300,13 +330,22 @@ func (l *loop) start(s *loopStream) {
 	s.registered = true
 	// What the head's read took from the socket beyond the head is the
 	// body's first bytes: relayed before the socket is read.
-	if b := s.c.br.Buffered(); b > 0 {
-		raw := l.buf[loopRoom : loopRoom+b]
+	// The loop reads the raw socket from now on: the connection's reader
+	// and fasthttp's body stream over it are done with, and the reader goes
+	// back to its pool, so a held stream keeps no 16 KiB of its own.
+	b := s.c.buffered()
+	var raw []byte
+	if b > 0 {
+		raw = l.buf[loopRoom : loopRoom+b]
 		_, _ = io.ReadFull(s.c.br, raw)
+	}
+	_ = s.r.resp.CloseBodyStream()
+	s.c.giveReader()
+	if b > 0 {
 		s.lastRead = time.Now()
 		s.relayRead(raw, s.lastRead)
 	}
-	s.upstreamReadable()
+	s.upstreamReadable(true)
 }
 
 // scan ends the streams whose client or upstream has been idle past its
@@ -365,7 +404,7 @@ type loopStream struct {
 	l    *loop
 	r    *relay
 	c    *upConn
-	cc   net.Conn // the client connection as the listener gave it
+	cc   *countedConn // the client connection as the listener gave it, detached while the loop holds it
 	slot uint32
 	gen  uint32
 	srv  *fasthttp.Server
@@ -391,6 +430,7 @@ type loopStream struct {
 
 	lastRead  time.Time
 	writeMark time.Time // the last client write progress, or when parking began
+	reads     int       // upstream reads, EAGAIN included (loopReads)
 
 	// The RawConn callbacks' argument and results; the callbacks are
 	// method values made once per loopStream, so an event allocates none.
@@ -494,15 +534,25 @@ func (s *loopStream) writeClient(b []byte) (int, error) {
 func (s *loopStream) parked() bool { return len(s.park) > 0 }
 
 // upstreamReadable reads the upstream socket until it is drained, relaying
-// each read, unless the client socket is full.
-func (s *loopStream) upstreamReadable() {
+// each read, unless the client socket is full. A read shorter than the
+// buffer drained the socket, as nginx takes it (ngx_unix_recv): on an
+// edge-triggered set the next bytes bring a new event, so the read that
+// would only return EAGAIN is saved, one system call per event. Not when
+// drain is set: the peer's close was seen (EPOLLRDHUP), and the EOF that
+// follows the bytes brings no new event; or the caller knows of no event
+// (the stream's start, the end of a park).
+func (s *loopStream) upstreamReadable(drain bool) {
 	l := s.l
 	for !s.over && !s.upDone && !s.parked() {
 		raw := l.buf[loopRoom : loopRoom+relayBufSize]
 		n, err := s.readUp(raw)
+		s.reads++
 		if n > 0 {
 			s.lastRead = time.Now()
 			s.relayRead(raw[:n], s.lastRead)
+			if n < len(raw) && !drain {
+				return
+			}
 			continue
 		}
 		switch {
@@ -683,7 +733,7 @@ func (s *loopStream) flush() {
 		s.done(true)
 		return
 	}
-	s.upstreamReadable()
+	s.upstreamReadable(true)
 }
 
 func (s *loopStream) dropPark() {
@@ -761,6 +811,7 @@ func (s *loopStream) failClient() {
 // keep-alive) or closed.
 func (s *loopStream) done(ok bool) {
 	s.over = true
+	loopReads.Add(int64(s.reads))
 	s.l.remove(s)
 	s.dropPark()
 	s.r.tr.ClientDone = time.Now()
@@ -776,7 +827,7 @@ func (s *loopStream) finish(keep bool) {
 		p.pool.discard(c)
 	}
 	_ = r.resp.CloseBodyStream()
-	conn := cc
+	var conn net.Conn = cc
 	if len(s.prefix) > 0 {
 		conn = &prefixConn{Conn: cc, prefix: s.prefix}
 	}
@@ -827,8 +878,10 @@ func rawConnOf(c net.Conn) syscall.RawConn {
 
 // toLoop hands a streamed response to a loop, if it can go there: the
 // event loop is on, the server can take the connection back, both sockets
-// are plain TCP, and the client asked for no trailers. It reports whether
-// it did; then fasthttp writes nothing, and the loop owns the stream.
+// are plain TCP, the client connection came through Proxy.Listener (so
+// that it can outlive the hijack: countedConn.detach), and the client
+// asked for no trailers. It reports whether it did; then fasthttp writes
+// nothing, and the loop owns the stream.
 func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	if !p.cfg.EventLoop || r.clientHeader != nil {
 		return false
@@ -838,7 +891,11 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	if srv == nil || c == nil || c.raw != c.Conn { // TLS upstream: the loop reads raw sockets
 		return false
 	}
-	urc, crc := rawConnOf(c.raw), rawConnOf(ctx.Conn())
+	cc, ok := ctx.Conn().(*countedConn)
+	if !ok {
+		return false
+	}
+	urc, crc := rawConnOf(c.raw), rawConnOf(cc.Conn)
 	if urc == nil || crc == nil || nextLoop() == nil {
 		return false
 	}
@@ -848,7 +905,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	c.readDL.clear()
 	c.writeDL.clear()
 	s := newLoopStream()
-	s.r, s.c, s.cc, s.srv, s.urc, s.crc = r, c, ctx.Conn(), srv, urc, crc
+	s.r, s.c, s.cc, s.srv, s.urc, s.crc = r, c, cc, srv, urc, crc
 	switch cl := r.resp.Header.ContentLength(); {
 	case cl == -1:
 		s.mode = bodyChunked
@@ -870,6 +927,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	s.head = append(s.head, "\r\n"...)
 	r.endWatch() // the loop watches the client from now on
 	r.giveBuf()  // the loop reads into its own buffer: a held stream keeps no 16 KiB of its own
+	cc.detach()  // fasthttp's close after the hijack handler is ignored
 	p.hijack(ctx, s.hijacked, s.abandoned)
 	return true
 }
@@ -878,6 +936,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 // client connection without running hijacked): nothing reached the
 // client, and the engine's connection is closed.
 func (s *loopStream) abandoned() {
+	_ = s.cc.Close() // fasthttp's close was the one detach ignored
 	s.r.fail(SideClient, ErrClientGone)
 	_ = s.c.Close()
 	s.r.tr.ClientDone = time.Now()
@@ -890,6 +949,7 @@ func (s *loopStream) abandoned() {
 func (s *loopStream) hijacked(hjc net.Conn) {
 	_ = hjc.SetWriteDeadline(time.Now().Add(s.r.p.cfg.ClientWriteTimeout))
 	_, err := hjc.Write(s.head)
+	s.head = nil // not kept while the stream is held
 	_ = hjc.SetWriteDeadline(time.Time{})
 	if err != nil {
 		s.r.fail(SideClient, ErrClientGone)

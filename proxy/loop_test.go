@@ -358,3 +358,48 @@ func TestLoopAllocsPerEvent(t *testing.T) {
 		require.Less(t, perEvent, 0.05, "the loop allocates per event")
 	})
 }
+
+// TestLoopReadsPerEvent: an event that arrives on its own costs the loop
+// one read of the engine's socket, not a second that returns EAGAIN (a
+// short read drained the edge-triggered socket), and a stream whose
+// engine closes right after its last bytes still ends (EPOLLRDHUP: read
+// on to the EOF).
+func TestLoopReadsPerEvent(t *testing.T) {
+	withLoop(t, func(t *testing.T) {
+		const events = 100
+		up := sseUpstream(t, events, 2*time.Millisecond)
+		log := newTraceLog()
+		base, _ := startProxy(t, Config{Upstream: up.URL()}, log)
+		before, reads := loopStreamsStarted(), loopReads.Load()
+		br, _ := rawDial(t, base, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{\"stream\":true}")
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, events+1, log.next(t).Events)
+		require.Equal(t, int64(1), loopStreamsStarted()-before)
+		perEvent := float64(loopReads.Load()-reads) / (events + 1)
+		t.Logf("%.2f upstream reads per event", perEvent)
+		require.Less(t, perEvent, 1.3, "the loop reads the engine's socket twice per event")
+
+		// HTTP/1.0 to the client, and an engine that closes after its
+		// last event, in the same write: the EOF comes with no new edge.
+		closing := startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {
+			u.readRequest(br)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
+			time.Sleep(20 * time.Millisecond) // the loop has the stream
+			io.WriteString(c, scriptedEvent(0)+"data: [DONE]\n\n")
+			c.(*net.TCPConn).CloseWrite()
+			time.Sleep(100 * time.Millisecond)
+		})
+		base2, _ := startProxy(t, Config{Upstream: closing.URL()}, newTraceLog())
+		before = loopStreamsStarted()
+		br2, _ := rawDial(t, base2, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{\"stream\":true}")
+		resp2, err := http.ReadResponse(br2, nil)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp2.Body)
+		require.NoError(t, err, "the close-delimited stream did not end")
+		require.Equal(t, scriptedEvent(0)+"data: [DONE]\n\n", string(body))
+		require.Equal(t, int64(1), loopStreamsStarted()-before)
+	})
+}

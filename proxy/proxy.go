@@ -145,10 +145,11 @@ func (p *Proxy) Server() *fasthttp.Server {
 		NoDefaultContentType:         true,
 		CloseOnShutdown:              true,
 		Logger:                       serverLog{p.log},
-		// The event loop keeps a hijacked connection for its stream and
-		// gives it back to the server after (ServeConn); the tunnel and
-		// the HTTP/1.0 body close theirs themselves.
-		KeepHijackedConns: p.cfg.EventLoop,
+		// fasthttp closes a hijacked connection when the hijack handler
+		// returns, and takes back its read buffer: the event loop, which
+		// keeps the connection for its stream and gives it back after
+		// (ServeConn), detaches it first so that the close is ignored
+		// (countedConn.detach).
 	}
 	p.srv.Store(srv)
 	return srv
@@ -218,7 +219,6 @@ func knownVersion(proto []byte) bool {
 // upstream headers are in.
 func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
-	r.takeBuf()
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
 	flushEachResponse(ctx)
@@ -298,10 +298,13 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ct := r.resp.Header.ContentType()
+	r.proto = tr.Route.Protocol()
 	r.isSSE = isEventStream(ct)
+	if !r.isSSE && r.proto == sse.ProtocolOllama && isNDJSON(ct) {
+		r.startNDJSON()
+	}
 	tr.Stream = r.isSSE
 	r.inject = r.isSSE && tr.UsageInject
-	r.proto = tr.Route.Protocol()
 	if !r.isSSE && r.proto != sse.ProtocolUnknown && isJSON(ct) {
 		r.capture = r.capture[:0:cap(r.capture)]
 		if r.capture == nil {
@@ -400,12 +403,7 @@ func (p *Proxy) admit(r *relay) refusal {
 // large headers, 408 for a read timeout, 499 for a client gone mid-request,
 // 400 otherwise. The connection closes: what was read is not a request.
 func (p *Proxy) handleReadError(ctx *fasthttp.RequestCtx, err error) {
-	r := p.relays.Get().(*relay)
-	r.tr.ID = p.nextID.Add(1)
-	r.tr.Recv = time.Now()
-	r.tr.Method = methodOf(ctx.Method())
-	p.inflight.Add(1)
-	r.counted = true
+	r := p.beginUnread(ctx, time.Now())
 	why := bodyFailure(err)
 	row := &refusals[why]
 	r.fail(row.side, row.kind)

@@ -64,7 +64,7 @@ func newRelayEnv(tb testing.TB) *relayEnv {
 		tb.Fatal(err)
 	}
 	e := &relayEnv{up: up, srv: p.Server(), addr: ln.Addr().String(), buf: make([]byte, 64<<10)}
-	go e.srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+	go e.srv.Serve(p.Listener(ln)) //nolint:errcheck // ends at Shutdown; as serve does (the event loop, under -loop, needs it)
 	if e.conn, err = net.Dial("tcp", e.addr); err != nil {
 		tb.Fatal(err)
 	}

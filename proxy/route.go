@@ -23,12 +23,16 @@ const (
 	RouteHealth
 	RouteMetrics
 	RouteLlamaCompletion // llama.cpp's native /completion and /completions (docs/engines.md)
+	RouteOllamaGenerate  // ollama's native /api/generate (NDJSON; docs/engines.md)
+	RouteOllamaChat      // ollama's native /api/chat (NDJSON; docs/engines.md)
 )
 
-var routeNames = [...]string{"other", "chat", "completions", "responses", "messages", "models", "embeddings", "health", "metrics", "llama_completion"}
+var routeNames = [...]string{"other", "chat", "completions", "responses", "messages", "models", "embeddings", "health", "metrics",
+	"llama_completion", "ollama_generate", "ollama_chat"}
 
 // Routes lists every route, for pre-resolving metric label children.
-var Routes = []Route{RouteOther, RouteChat, RouteCompletions, RouteResponses, RouteMessages, RouteModels, RouteEmbeddings, RouteHealth, RouteMetrics, RouteLlamaCompletion}
+var Routes = []Route{RouteOther, RouteChat, RouteCompletions, RouteResponses, RouteMessages, RouteModels, RouteEmbeddings, RouteHealth,
+	RouteMetrics, RouteLlamaCompletion, RouteOllamaGenerate, RouteOllamaChat}
 
 func (r Route) String() string {
 	if int(r) < len(routeNames) {
@@ -51,6 +55,8 @@ func (r Route) Protocol() sse.Protocol {
 		return sse.ProtocolMessages
 	case RouteLlamaCompletion:
 		return sse.ProtocolLlama
+	case RouteOllamaGenerate, RouteOllamaChat:
+		return sse.ProtocolOllama
 	}
 	return sse.ProtocolUnknown
 }
@@ -62,8 +68,13 @@ func (r Route) Protocol() sse.Protocol {
 // /v1 is the native one. Its classifier also reads the OpenAI shape, so a
 // gateway that serves OpenAI completions without /v1 is still measured,
 // under the other route label (docs/engines.md, "Which route is which").
+// ollama's native routes are /api/generate and /api/chat.
 func routeOf(path []byte) Route {
 	switch {
+	case bytes.HasSuffix(path, []byte("/api/generate")):
+		return RouteOllamaGenerate
+	case bytes.HasSuffix(path, []byte("/api/chat")):
+		return RouteOllamaChat
 	case bytes.HasSuffix(path, []byte("/chat/completions")):
 		return RouteChat
 	case bytes.HasSuffix(path, []byte("/v1/completions")):

@@ -39,9 +39,15 @@ type relay struct {
 	clientHeader *fasthttp.ResponseHeader
 	buf          []byte
 
+	// isSSE: the body is a stream measured event by event, which
+	// forces it chunked to the client, one write and flush per read:
+	// text/event-stream, or (ndjson) ollama's application/x-ndjson,
+	// whose events are its lines, split by lines instead of parser.
 	isSSE  bool
+	ndjson bool
 	proto  sse.Protocol
 	parser *sse.Parser
+	lines  *sse.Lines // made on the first NDJSON stream, then kept
 	ev     sse.Event
 	chunk  sse.Chunk
 	usage  sse.Usage
@@ -95,6 +101,7 @@ func (r *relay) SupportsBodyWriteTo() bool { return true }
 // chunk: a broken generation must never look complete (nginx
 // proxy_unfinished.t, Go's ErrAbortHandler).
 func (r *relay) WriteTo(w io.Writer) (int64, error) {
+	r.takeBuf()
 	src := r.resp.BodyStream()
 	var total int64
 	for {
@@ -164,7 +171,7 @@ func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 // cannot wait on the engine.
 func (r *relay) bodyBuffered(size int) bool {
 	c := r.up.Load()
-	return c != nil && c.br.Buffered() >= size
+	return c != nil && c.buffered() >= size
 }
 
 // Read serves fasthttp paths that do not use WriteTo. The chunk is measured
@@ -241,7 +248,11 @@ func (r *relay) measure(b []byte, t time.Time) {
 		}
 		return
 	}
-	r.parser.Feed(b)
+	if r.ndjson {
+		r.lines.Feed(b)
+	} else {
+		r.parser.Feed(b)
+	}
 	for r.nextEvent() {
 		r.onEvent(t)
 	}
@@ -252,12 +263,36 @@ func (r *relay) measure(b []byte, t time.Time) {
 // complete event is left.
 func (r *relay) nextEvent() bool {
 	for {
-		ok, err := r.parser.Next(&r.ev)
+		var ok bool
+		var err error
+		if r.ndjson {
+			ok, err = r.lines.Next(&r.ev)
+		} else {
+			ok, err = r.parser.Next(&r.ev)
+		}
 		if err == nil {
 			return ok
 		}
 		r.tr.ParseErrors++
 	}
+}
+
+// pending reports the bytes of the stream that belong to no complete
+// event (or line): non-zero at the end means it was cut inside one.
+func (r *relay) pending() int {
+	if r.ndjson {
+		return r.lines.Pending()
+	}
+	return r.parser.Pending()
+}
+
+// startNDJSON makes the relay split the stream into lines, each an event
+// of r.proto (ollama's native routes, sse.Lines).
+func (r *relay) startNDJSON() {
+	if r.lines == nil {
+		r.lines = sse.NewLines(r.maxHold)
+	}
+	r.isSSE, r.ndjson = true, true
 }
 
 // onEvent takes the stamps and counts of one SSE event (docs/design.md "Stamps and phases").
@@ -320,6 +355,15 @@ func isEventStream(ct []byte) bool {
 	}
 	mt, _, err := mime.ParseMediaType(string(ct))
 	return err == nil && mt == "text/event-stream"
+}
+
+// isNDJSON reports whether a Content-Type is newline-delimited JSON, as
+// ollama streams its native routes (application/x-ndjson; also the
+// application/jsonl and application/x-jsonlines spellings).
+func isNDJSON(ct []byte) bool {
+	mt, _, err := mime.ParseMediaType(string(ct))
+	return err == nil && (mt == "application/x-ndjson" || mt == "application/ndjson" || mt == "application/jsonl" ||
+		mt == "application/x-jsonlines")
 }
 
 // isJSON reports whether a Content-Type is application/json (or +json).

@@ -84,7 +84,7 @@ type Trace struct {
 	Method    string // from a fixed set ("GET", "POST", …, "OTHER"); never a client string
 	Path      string // the request path without its query string, bounded and escaped (path.go)
 	Model     string // bounded label: an allowed or learned model name, "other" or ""
-	Stream    bool   // the response was text/event-stream
+	Stream    bool   // the response was a stream parsed event by event: text/event-stream, or ollama's NDJSON
 	Status    int    // status sent to the client; 0 if none was sent
 	ErrSide   Side
 	ErrKind   ErrKind
@@ -147,9 +147,11 @@ type Trace struct {
 	// proxy's own stamps; negative when absent. Which engine reports
 	// which is in docs/engines.md.
 	ServerQueue        time.Duration // waiting before it was scheduled (vLLM metrics.queue_time_ms, TGI x-queue-time)
-	ServerPrefill      time.Duration // on the prompt (llama.cpp timings.prompt_ms; vLLM time_to_first_token_ms − queue_time_ms)
-	ServerDecode       time.Duration // generating after the prompt (llama.cpp timings.predicted_ms)
+	ServerPrefill      time.Duration // on the prompt (llama.cpp timings.prompt_ms; vLLM time_to_first_token_ms − queue_time_ms; ollama prompt_eval_duration)
+	ServerDecode       time.Duration // generating after the prompt (llama.cpp timings.predicted_ms; ollama eval_duration)
 	ServerInference    time.Duration // from scheduling to the end, prompt and generation (TGI x-inference-time)
+	ServerTotal        time.Duration // the engine's whole handling, from its handler's start to the end (ollama total_duration)
+	ServerLoad         time.Duration // getting a loaded model, within ServerTotal (ollama load_duration)
 	ServerPromptEval   int64         // prompt tokens evaluated, cache hits excluded (llama.cpp timings.prompt_n)
 	ServerCachedTokens int64         // prompt tokens served from the slot's cache (llama.cpp timings.cache_n)
 

@@ -171,6 +171,7 @@ func (p *pool) put(c *upConn, reusable bool) {
 		keep = false
 		p.stats.redial(RedialUnsolicited)
 	}
+	c.giveReader() // before another request can take c
 	var old *upConn
 	p.mu.Lock()
 	delete(p.busy, c)
@@ -201,6 +202,7 @@ func (p *pool) put(c *upConn, reusable bool) {
 // discard closes c, which failed, and keeps its token for the connection
 // that replaces it.
 func (p *pool) discard(c *upConn) {
+	c.giveReader()
 	p.mu.Lock()
 	delete(p.busy, c)
 	p.mu.Unlock()
@@ -319,8 +321,45 @@ func (p *pool) dial() (*upConn, error) {
 		c.Conn, c.tls = tc, tc
 	}
 	c.dialTook = time.Since(start)
-	c.br = bufio.NewReaderSize(c, upstreamBufSize)
 	return c, nil
+}
+
+// readers are the upstream connections' read buffers. A connection holds
+// one only while a request owns it and reads through it: taken at begin,
+// given back when the connection goes idle or closes (pool.put, discard),
+// or when the event loop takes over the stream and reads the raw socket
+// (loop.start). An idle connection or a stream held in a loop keeps no
+// 16 KiB of its own (issue 25).
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, upstreamBufSize) }}
+
+// takeReader gives c a read buffer if it has none. Called by the request
+// that owns c.
+func (c *upConn) takeReader() {
+	if c.br == nil {
+		c.br = readers.Get().(*bufio.Reader)
+		c.br.Reset(c)
+	}
+}
+
+// giveReader returns c's read buffer to readers, dropping what it still
+// held: the caller has checked that c carries nothing more (quiet), or
+// is closing it, or took the held bytes. Called by the request that owns
+// c; nothing may read through the buffer afterwards (a response body
+// stream over it is only ever closed, never read, once c is given back).
+func (c *upConn) giveReader() {
+	if c.br != nil {
+		c.br.Reset(nil)
+		readers.Put(c.br)
+		c.br = nil
+	}
+}
+
+// buffered is how many bytes c's reader holds beyond what was read.
+func (c *upConn) buffered() int {
+	if c.br == nil {
+		return 0
+	}
+	return c.br.Buffered()
 }
 
 // upConn is one upstream connection with idle deadlines renewed as it is
@@ -330,10 +369,10 @@ func (p *pool) dial() (*upConn, error) {
 // client watcher, shutdown, clientGone).
 type upConn struct {
 	net.Conn
-	raw       net.Conn    // the TCP connection, under TLS too: for the idle peek and the reset check
-	tls       *tls.Conn   // the TLS layer of an https upstream, or nil
-	rec       *recordConn // the record boundaries under tls, or nil
-	br        *bufio.Reader
+	raw       net.Conn      // the TCP connection, under TLS too: for the idle peek and the reset check
+	tls       *tls.Conn     // the TLS layer of an https upstream, or nil
+	rec       *recordConn   // the record boundaries under tls, or nil
+	br        *bufio.Reader // lent per exchange (readers); nil while idle or in a loop
 	idle      time.Duration
 	dialTook  time.Duration
 	client    net.Conn // the client connection it is bound to (see pool); nil: never kept
@@ -353,6 +392,7 @@ type upConn struct {
 // forgotten, so that a request that fails before it is written never
 // carries the previous one's send time.
 func (c *upConn) begin() {
+	c.takeReader()
 	c.uses++
 	c.read, c.readErr, c.lastWrite = 0, nil, time.Time{}
 }
@@ -465,7 +505,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 // Temporary). A part of a record it holds is seen by the record count
 // under it (recordConn). Called by the request that owns c.
 func (c *upConn) quiet() bool {
-	if c.br.Buffered() > 0 {
+	if c.buffered() > 0 {
 		return false
 	}
 	if c.tls == nil {

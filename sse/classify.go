@@ -17,6 +17,7 @@ const (
 	ProtocolResponses            // POST /v1/responses (OpenAI Responses API events)
 	ProtocolMessages             // POST /v1/messages (Anthropic)
 	ProtocolLlama                // POST /completion, /completions without /v1 (llama.cpp native)
+	ProtocolOllama               // POST /api/generate, /api/chat (ollama native, NDJSON)
 	numProtocols
 )
 
@@ -33,6 +34,8 @@ func (p Protocol) String() string {
 		return "messages"
 	case ProtocolLlama:
 		return "llama_completion"
+	case ProtocolOllama:
+		return "ollama"
 	}
 	return "unknown"
 }
@@ -45,20 +48,24 @@ type Flags uint16
 //
 //   - FlagReasoning: chat delta.reasoning_content or delta.reasoning;
 //     Responses response.reasoning_text.delta and
-//     response.reasoning_summary_text.delta; Anthropic thinking_delta.
+//     response.reasoning_summary_text.delta; Anthropic thinking_delta;
+//     ollama native thinking (/api/generate) and message.thinking
+//     (/api/chat).
 //   - FlagContent: chat delta.content or delta.refusal; completions
 //     choices[].text; llama.cpp native content; Responses response.output_text.delta and
-//     response.refusal.delta; Anthropic text_delta.
+//     response.refusal.delta; Anthropic text_delta; ollama native response
+//     (/api/generate) and message.content (/api/chat).
 //   - FlagToolCall: chat delta.tool_calls with a name or arguments;
 //     Responses response.function_call_arguments.delta and a function call
 //     in response.output_item.added; Anthropic input_json_delta and a
-//     tool_use block start.
+//     tool_use block start; ollama native tool_calls and
+//     message.tool_calls.
 //   - FlagFinish: a non-null finish_reason; Anthropic stop_reason;
 //     Responses response.completed and response.incomplete; llama.cpp
-//     native "stop": true.
+//     native "stop": true; ollama native "done": true.
 //   - FlagDone: data "[DONE]"; Anthropic message_stop; Responses
 //     response.completed, response.incomplete and response.failed;
-//     llama.cpp native "stop": true.
+//     llama.cpp native "stop": true; ollama native "done": true.
 //   - FlagError: an "error" SSE event, a top-level "error" object, an
 //     Anthropic or Responses error event, Responses response.failed.
 const (
@@ -140,6 +147,8 @@ func Classify(proto Protocol, ev *Event, c *Chunk) {
 		ok = classifyMessages(ev.Type, ev.Data, c)
 	case ProtocolLlama:
 		ok = classifyLlama(ev.Data, c)
+	case ProtocolOllama:
+		ok = classifyOllama(ev.Data, c)
 	}
 	if !ok {
 		c.reset()
@@ -165,6 +174,8 @@ func ClassifyBody(proto Protocol, body []byte, c *Chunk) {
 		ok = classifyMessages(nil, body, c)
 	case ProtocolLlama:
 		ok = classifyLlama(body, c)
+	case ProtocolOllama:
+		ok = classifyOllama(body, c)
 	}
 	if !ok {
 		c.reset()

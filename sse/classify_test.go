@@ -294,27 +294,27 @@ func TestClassifyTiming(t *testing.T) {
 		{
 			name: "vllm prefill from ttft",
 			data: `{"choices":[],"metrics":{"time_to_first_token_ms":100.5,"queue_time_ms":20.25}}`,
-			want: Timing{QueueMs: 20.25, PrefillMs: 80.25, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
+			want: Timing{QueueMs: 20.25, PrefillMs: 80.25, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, TotalMs: -1, LoadMs: -1, PromptEval: -1},
 		},
 		{
 			name: "vllm prefill reported",
 			data: `{"choices":[],"metrics":{"prefill_time_ms":30,"time_to_first_token_ms":100,"queue_time_ms":20}}`,
-			want: Timing{QueueMs: 20, PrefillMs: 30, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
+			want: Timing{QueueMs: 20, PrefillMs: 30, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, TotalMs: -1, LoadMs: -1, PromptEval: -1},
 		},
 		{
 			name: "vllm queue only",
 			data: `{"choices":[],"metrics":{"queue_time_ms":1e1}}`,
-			want: Timing{QueueMs: 10, PrefillMs: -1, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
+			want: Timing{QueueMs: 10, PrefillMs: -1, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, TotalMs: -1, LoadMs: -1, PromptEval: -1},
 		},
 		{
 			name: "llama.cpp",
 			data: `{"choices":[],"timings":{"cache_n":236,"prompt_n":1,"prompt_ms":30.958,"predicted_ms":1.5}}`,
-			want: Timing{QueueMs: -1, PrefillMs: 30.958, DecodeMs: 1.5, InferenceMs: -1, CachedTokens: 236, PromptEval: 1},
+			want: Timing{QueueMs: -1, PrefillMs: 30.958, DecodeMs: 1.5, InferenceMs: -1, TotalMs: -1, LoadMs: -1, CachedTokens: 236, PromptEval: 1},
 		},
 		{
 			name: "not numbers",
 			data: `{"choices":[],"timings":{"cache_n":null,"prompt_ms":"fast"}}`,
-			want: Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, PromptEval: -1},
+			want: Timing{QueueMs: -1, PrefillMs: -1, CachedTokens: -1, DecodeMs: -1, InferenceMs: -1, TotalMs: -1, LoadMs: -1, PromptEval: -1},
 		},
 	}
 	for _, tt := range tests {

@@ -64,6 +64,46 @@ func TestAllocsParseAndClassify(t *testing.T) {
 	}
 }
 
+// splitAndClassify runs an NDJSON stream through l in pieces of size n and
+// returns the number of lines.
+func splitAndClassify(l *Lines, in []byte, n int) int {
+	var ev Event
+	var c Chunk
+	lines := 0
+	l.Reset()
+	for len(in) > 0 {
+		k := min(n, len(in))
+		l.Feed(in[:k])
+		in = in[k:]
+		for {
+			ok, err := l.Next(&ev)
+			if !ok && err == nil {
+				break
+			}
+			if ok {
+				Classify(ProtocolOllama, &ev, &c)
+				lines++
+			}
+		}
+	}
+	return lines
+}
+
+func TestAllocsLinesAndClassify(t *testing.T) {
+	for name, in := range ndjsonFiles(t) {
+		for _, n := range []int{len(in), 4096, 64, 1} {
+			l := NewLines(0)
+			require.NotZero(t, splitAndClassify(l, in, n)) // grow the buffers
+			allocs := testing.AllocsPerRun(50, func() { splitAndClassify(l, in, n) })
+			require.Zero(t, allocs, "%s in pieces of %d bytes", name, n)
+		}
+	}
+	in := []byte("{\"response\":\"0123456789\"}\n\n{\"done\":true}\n")
+	l := NewLines(10)
+	splitAndClassify(l, in, 3)
+	require.Zero(t, testing.AllocsPerRun(50, func() { splitAndClassify(l, in, 3) }), "a line too large")
+}
+
 func TestAllocsTooLarge(t *testing.T) {
 	in := []byte("data: 0123456789\ndata: 0123456789\n\ndata: ok\n\n")
 	p := NewParser(10)
@@ -82,6 +122,7 @@ func TestAllocsClassifyBody(t *testing.T) {
 		{ProtocolMessages, `{"type":"message","content":[{"type":"text","text":"x"}],"stop_reason":"end_turn","usage":{"input_tokens":1}}`},
 		{ProtocolChat, `{"choices":[{"delta":{"content":"unterminated`},
 		{ProtocolLlama, `{"content":"x","stop":true,"tokens_predicted":3,"tokens_evaluated":9,"generation_settings":{"stop":[]},"timings":{"cache_n":1,"prompt_n":8,"prompt_ms":2.5,"predicted_ms":4}}`},
+		{ProtocolOllama, `{"model":"m","message":{"role":"assistant","content":"x","thinking":"y","tool_calls":[{"function":{"name":"f","arguments":{"a":1}}}]},"done":true,"done_reason":"stop","total_duration":27118881,"load_duration":3674993,"prompt_eval_count":25,"prompt_eval_duration":654849,"eval_count":45,"eval_duration":15708497}`},
 	} {
 		body := []byte(tt.body)
 		allocs := testing.AllocsPerRun(50, func() { ClassifyBody(tt.proto, body, &c) })

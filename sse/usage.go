@@ -43,13 +43,15 @@ type Timing struct {
 	PrefillMs    float64 // time the engine spent on the prompt
 	DecodeMs     float64 // time the engine spent generating after the prompt (llama.cpp predicted_ms)
 	InferenceMs  float64 // time from the engine's scheduling to its end, prompt and generation (TGI x-inference-time)
+	TotalMs      float64 // the engine's whole handling of the request, from its handler's start to the end (ollama total_duration)
+	LoadMs       float64 // getting a loaded model runner, within TotalMs (ollama load_duration)
 	CachedTokens int64   // prompt tokens the engine took from its cache (llama.cpp cache_n)
 	PromptEval   int64   // prompt tokens the engine evaluated, cache hits excluded (llama.cpp prompt_n)
 }
 
 // UnknownTiming returns a Timing with nothing reported.
 func UnknownTiming() Timing {
-	return Timing{QueueMs: -1, PrefillMs: -1, DecodeMs: -1, InferenceMs: -1, CachedTokens: -1, PromptEval: -1}
+	return Timing{QueueMs: -1, PrefillMs: -1, DecodeMs: -1, InferenceMs: -1, TotalMs: -1, LoadMs: -1, CachedTokens: -1, PromptEval: -1}
 }
 
 func unknownTiming() Timing { return UnknownTiming() }
@@ -61,6 +63,8 @@ func (t *Timing) Merge(v Timing) {
 	mergeMs(&t.PrefillMs, v.PrefillMs)
 	mergeMs(&t.DecodeMs, v.DecodeMs)
 	mergeMs(&t.InferenceMs, v.InferenceMs)
+	mergeMs(&t.TotalMs, v.TotalMs)
+	mergeMs(&t.LoadMs, v.LoadMs)
 	merge(&t.CachedTokens, v.CachedTokens)
 	merge(&t.PromptEval, v.PromptEval)
 }

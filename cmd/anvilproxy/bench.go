@@ -39,6 +39,7 @@ type benchFlags struct {
 	events     int
 	gap        time.Duration
 	targets    string
+	capacity   string
 	cpuProfile string
 	memProfile string
 	proxyFlags listFlag
@@ -59,12 +60,12 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.SmallWorkers, "non-stream-clients", d.SmallWorkers, "closed-loop clients of the non-stream throughput test")
 	fs.IntVar(&c.SmallRounds, "non-stream-rounds", 0, fmt.Sprintf("interleaved rounds of the throughput test (default %d; --quick 2); -1 skips it", d.SmallRounds))
 	fs.DurationVar(&c.SmallCell, "non-stream-round", 0, fmt.Sprintf("length of one throughput round (default %v; --quick 500ms)", d.SmallCell))
-	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy, floor (a Go epoll relay that measures nothing), nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (goroutine relay), anvilproxy-loop (serve --event-loop), floor (a Go epoll relay that measures nothing), nginx, caddy, haproxy (default: all installed)")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
 	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
 	fs.StringVar(&f.memProfile, "proxy-memprofile", "", "write a heap profile of the anvilproxy child to FILE while the capacity run holds every stream open (its last wave); needs --capacity")
-	fs.IntVar(&c.Capacity, "capacity", 0, "hold N slow streams open at once through anvilproxy, then nginx, and report their memory per stream; alone, runs only that")
+	fs.StringVar(&f.capacity, "capacity", "", "hold N slow streams open at once through anvilproxy, anvilproxy-loop, then nginx, and report their memory per stream; a comma-separated list (1000,10000) runs each; alone, runs only that")
 	fs.IntVar(&c.CapacityEvents, "capacity-events", d.CapacityEvents, "events per stream of the capacity run")
 	fs.DurationVar(&c.CapacityGap, "capacity-gap", d.CapacityGap, "time between events in the capacity run")
 	fs.DurationVar(&c.CapacityRamp, "capacity-ramp", d.CapacityRamp, "how long opening the capacity run's streams takes")
@@ -103,6 +104,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.ProxyArgv = []string{exe, "serve"}
 	cfg.FloorArgv = []string{exe, "bench", floorRelayFlag}
+	cfg.LoopArgv = append(append([]string{exe, "serve"}, f.proxyFlags...), "--event-loop")
 	if f.cpuProfile != "" || f.memProfile != "" {
 		cpu, err := absOrEmpty(f.cpuProfile) // the child runs in a temporary directory
 		if err != nil {
@@ -139,8 +141,10 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if why := rep.Skipped(bench.AnvilProxy); why != "" {
 		return fmt.Errorf("anvilproxy did not run: %s", why)
 	}
-	if !rep.Intact(bench.AnvilProxy) {
-		return errors.New("anvilproxy did not deliver every event intact: see the table")
+	for _, t := range []string{bench.AnvilProxy, bench.AnvilLoop} {
+		if !rep.Intact(t) {
+			return fmt.Errorf("%s did not deliver every event intact: see the table", t)
+		}
 	}
 	return nil
 }
@@ -185,7 +189,16 @@ func (f *benchFlags) config(fs *flag.FlagSet) (bench.Config, error) {
 	if f.targets != "" {
 		cfg.Targets = strings.Split(f.targets, ",")
 	}
-	cfg.NoStreams = cfg.Capacity > 0 && !set["streams"] && !set["quick"]
+	if f.capacity != "" {
+		for _, part := range strings.Split(f.capacity, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(part))
+			if err != nil || n <= 0 {
+				return cfg, fmt.Errorf("--capacity: %q is not a positive number of streams", part)
+			}
+			cfg.Capacity = append(cfg.Capacity, n)
+		}
+	}
+	cfg.NoStreams = len(cfg.Capacity) > 0 && !set["streams"] && !set["quick"]
 	return cfg, nil
 }
 

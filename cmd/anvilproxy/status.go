@@ -175,7 +175,7 @@ func ratio(part, whole int64) histo.Float {
 // route; the others (models, other, …) have no phases.
 func inferenceRoute(route string) bool {
 	switch route {
-	case "chat", "completions", "responses", "messages", "llama_completion":
+	case "chat", "completions", "responses", "messages", "llama_completion", "ollama_generate", "ollama_chat":
 		return true
 	}
 	return false

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
@@ -113,7 +114,7 @@ func TestReportBeyondGolden(t *testing.T) {
 	doc := agentWindows(t, 30)[0]
 	q := selfcheck.Section{
 		Verdict: selfcheck.VerdictNoisy, Reasons: []string{"timer overshoot p99 12 ms > 5 ms", "cpu pressure 35% > 10%"},
-		TimerOvershootMs: histo.Dist{Count: 240, P50: 0.4, P90: 3, P95: 6, P99: 12.1, Max: 40},
+		TimerOvershootMs: dist.Dist{Count: 240, P50: 0.4, P90: 3, P95: 6, P99: 12.1, Max: 40},
 		ProbePeriodMs:    250, Pressure: selfcheck.PSI{CPU: 0.35, IO: 0.01, Memory: 0},
 		Thresholds: selfcheck.Thresholds{OvershootP99Ms: 5, Pressure: 0.1},
 	}

@@ -63,19 +63,22 @@ type Config struct {
 	// SmallCell is the length of one throughput round.
 	SmallCell time.Duration
 
-	// Capacity, when positive, is the number of slow streams held open
-	// through anvilproxy at once in the capacity run.
-	Capacity int
+	// Capacity lists the capacity runs: each is a number of slow streams
+	// held open at once through each proxy in turn. Empty skips it.
+	Capacity []int
 	// CapacityEvents and CapacityGap shape the capacity run's streams.
 	CapacityEvents int
 	CapacityGap    time.Duration
-	// CapacityRamp is how long opening the Capacity streams takes.
+	// CapacityRamp is how long opening a capacity run's streams takes.
 	CapacityRamp time.Duration
 
 	// ProxyArgv runs "anvilproxy serve"; the bench appends --upstream,
 	// --listen, --admin-listen, --log-level, --max-upstream-conns and
 	// --shutdown-grace. Empty skips anvilproxy.
 	ProxyArgv []string
+	// LoopArgv runs "anvilproxy serve --event-loop" (the AnvilLoop
+	// target), never profiled; the same flags are appended. Empty skips it.
+	LoopArgv []string
 	// FloorArgv runs the floor relay (RunFloorRelay); the bench appends
 	// its listen and upstream addresses. Empty skips the floor target.
 	FloorArgv []string
@@ -183,7 +186,11 @@ func (c *Config) validate() error {
 	return nil
 }
 
-var allTargets = []string{Direct, AnvilProxy, Floor, Nginx, Caddy, HAProxy}
+var allTargets = []string{Direct, AnvilProxy, AnvilLoop, Floor, Nginx, Caddy, HAProxy}
+
+// anvilTargets are the targets that run this build: the goroutine relay
+// and the event loop.
+var anvilTargets = []string{AnvilProxy, AnvilLoop}
 
 // Run runs the bench and returns its report. It stops every process it
 // started before it returns, also when ctx is cancelled.
@@ -197,11 +204,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer b.close()
 
 	need := 2*maxStreams(&cfg) + 1024
-	if cfg.Capacity > 0 {
-		need = max(need, 3*cfg.Capacity+1024)
+	for _, n := range cfg.Capacity {
+		need = max(need, 3*n+1024)
 	}
 	lim, err := raiseNoFile(uint64(need))
-	if err != nil && cfg.Capacity == 0 {
+	if err != nil && len(cfg.Capacity) == 0 {
 		rep.note("open-file limit %d: %v", lim, err)
 	}
 	b.noFile = lim
@@ -226,8 +233,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	b.noteCuts()
 	b.stopTargets()
-	if cfg.Capacity > 0 {
-		if err := b.capacity(); err != nil {
+	for _, n := range cfg.Capacity {
+		if err := b.capacity(n); err != nil {
 			return rep, err
 		}
 	}
@@ -273,7 +280,10 @@ func (b *runner) startTargets() {
 	}
 	starters := []starter{
 		{AnvilProxy, func(_, up string) (*target, error) {
-			return startAnvil(b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
+			return startAnvil(AnvilProxy, b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
+		}},
+		{AnvilLoop, func(_, up string) (*target, error) {
+			return startAnvil(AnvilLoop, b.cfg.LoopArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
 		}},
 		{Floor, func(_, up string) (*target, error) { return startFloor(b.cfg.FloorArgv, up, b.dir) }},
 		{Nginx, func(bin, up string) (*target, error) { return startNginx(bin, up, b.dir) }},
@@ -291,7 +301,11 @@ func (b *runner) startTargets() {
 			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
 			continue
 		}
-		if s.name != AnvilProxy && s.name != Floor {
+		if s.name == AnvilLoop && len(b.cfg.LoopArgv) == 0 {
+			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
+			continue
+		}
+		if s.name != AnvilProxy && s.name != AnvilLoop && s.name != Floor {
 			var err error
 			if bin, err = exec.LookPath(s.name); err != nil {
 				b.rep.addTarget(&target{name: s.name}, "not installed (scripts/install-comparison-proxies.sh installs it)")

@@ -21,13 +21,14 @@ func capacityStreams(want int, lim uint64) int {
 	return max(int(lim)-reserve, 0) / 2
 }
 
-// capacity holds cfg.Capacity slow streams open at once through a fresh
-// anvilproxy, then through a fresh nginx when it is installed and wanted,
-// and reads each proxy's resident memory idle and with every stream open:
-// (RSS at N − RSS idle) / N is the memory one stream costs. Every stream
-// must end intact.
-func (b *runner) capacity() error {
-	n := b.cfg.Capacity
+// capacity holds asked slow streams open at once through a fresh
+// anvilproxy (goroutine relay, then event loop), then through a fresh nginx
+// when it is installed and wanted, and reads each proxy's resident memory
+// idle and with every stream open: (RSS at N − RSS idle) / N is the memory
+// one stream costs; for anvilproxy also its heap in use, from /metrics.
+// Every stream must end intact.
+func (b *runner) capacity(asked int) error {
+	n := asked
 	if got := capacityStreams(n, b.noFile); got < n {
 		b.rep.note("capacity run: %d streams, not %d: the open-file limit is %d (the hard limit could not be raised) and the proxy and the bench each need 2 per stream", got, n, b.noFile)
 		n = got
@@ -36,9 +37,9 @@ func (b *runner) capacity() error {
 	if lv.streamTime() <= b.cfg.CapacityRamp {
 		return fmt.Errorf("bench: capacity streams last %v, not longer than the %v ramp: they would not all be open at once", lv.streamTime(), b.cfg.CapacityRamp)
 	}
-	res := b.rep.newCapacity(b.cfg.Capacity, lv, b.cfg.CapacityRamp)
+	res := b.rep.newCapacity(asked, lv, b.cfg.CapacityRamp)
 	b.targets = b.targets[:0] // the stream test's, stopped and their cuts noted: only the capacity run's from here
-	for _, name := range []string{AnvilProxy, Nginx} {
+	for _, name := range []string{AnvilProxy, AnvilLoop, Nginx} {
 		if !b.wanted(name) {
 			continue
 		}
@@ -73,7 +74,12 @@ func (b *runner) startCapacityTarget(name string, n int) (*target, error) {
 		if len(b.cfg.ProxyArgv) == 0 {
 			return nil, nil
 		}
-		t, err = startAnvil(b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+		t, err = startAnvil(name, b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+	case AnvilLoop:
+		if len(b.cfg.LoopArgv) == 0 {
+			return nil, nil
+		}
+		t, err = startAnvil(name, b.cfg.LoopArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
 	case Nginx:
 		bin, lerr := exec.LookPath(Nginx)
 		if lerr != nil {
@@ -107,9 +113,13 @@ func (b *runner) capacityTarget(t *target, lv Level) (CapacityTarget, error) {
 	if err != nil {
 		return CapacityTarget{}, fmt.Errorf("capacity run: %w", err)
 	}
-	ct := CapacityTarget{Target: t.name, RSSIdleMiB: Num(mib(idle))}
+	ct := CapacityTarget{Target: t.name, RSSIdleMiB: Num(mib(idle)), HeapIdleMiB: unknown}
+	heapIdle := heapInuse(t)
+	if heapIdle >= 0 {
+		ct.HeapIdleMiB = Num(mib(heapIdle))
+	}
 	for w := 1; w <= capacityWaves; w++ {
-		wv, err := b.capacityWave(t, lv, w, idle)
+		wv, err := b.capacityWave(t, lv, w, idle, heapIdle)
 		if err != nil {
 			return ct, err
 		}
@@ -134,7 +144,7 @@ const capacityWaves = 2
 // capacityWave opens the streams once and samples the proxy's RSS with
 // the number of streams open: the sample with the most open is the one
 // per-stream memory is computed from.
-func (b *runner) capacityWave(t *target, lv Level, w int, idle int64) (CapacityWave, error) {
+func (b *runner) capacityWave(t *target, lv Level, w int, idle, heapIdle int64) (CapacityWave, error) {
 	n := lv.Streams
 	st := newCellStats()
 	var open, peakOpen atomic.Int64
@@ -164,6 +174,7 @@ func (b *runner) capacityWave(t *target, lv Level, w int, idle int64) (CapacityW
 
 	var best rssSample
 	var peak int64
+	heapOpen := int64(-1) // anvilproxy's heap in use once every stream is open
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	announced := false
@@ -179,6 +190,7 @@ func (b *runner) capacityWave(t *target, lv Level, w int, idle int64) (CapacityW
 			if s.open == int64(n) && !announced {
 				announced = true
 				b.progress("  wave %d: all %d streams open after %v: proxy RSS %.1f MiB (idle %.1f MiB)", w, n, time.Since(t0).Round(time.Millisecond), mib(s.rss), mib(idle))
+				heapOpen = heapInuse(t)
 				if b.cfg.HeapProfile && w == capacityWaves && t.name == AnvilProxy {
 					_ = t.cmd.Process.Signal(syscall.SIGUSR1) // the child writes its heap profile
 				}
@@ -191,7 +203,27 @@ func (b *runner) capacityWave(t *target, lv Level, w int, idle int64) (CapacityW
 		}
 	}
 	cpu1, _ := t.cpu()
-	return newCapacityWave(best, idle, peak, peakOpen.Load(), cpu1-cpu0, st), nil
+	wv := newCapacityWave(best, idle, peak, peakOpen.Load(), cpu1-cpu0, st)
+	wv.HeapPerStreamKiB = unknown
+	if heapOpen >= 0 && heapIdle >= 0 {
+		wv.HeapPerStreamKiB = Num(float64(heapOpen-heapIdle) / 1024 / float64(n))
+	}
+	return wv, nil
+}
+
+// heapInuse is anvilproxy's heap in use (go_memstats_heap_inuse_bytes on
+// its /metrics), or -1 for another target or when it cannot be read. It
+// counts spans that hold garbage not yet collected, so it is an upper
+// bound on what the streams keep; RSS adds what the runtime holds freed.
+func heapInuse(t *target) int64 {
+	if t.metrics == "" {
+		return -1
+	}
+	v, err := scrapeValue(t.metrics, "go_memstats_heap_inuse_bytes")
+	if err != nil {
+		return -1
+	}
+	return int64(v)
 }
 
 // rssSample is the proxy's RSS with open streams open.

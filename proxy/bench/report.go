@@ -8,26 +8,26 @@ import (
 )
 
 // Schema names the report's JSON format.
-const Schema = "anvilproxy.bench/v2"
+const Schema = "anvilproxy.bench/v3"
 
 // Report is what one run measured. Latencies are in microseconds; every
 // "added" figure is the target's minus the direct run's in the same
 // rounds.
 type Report struct {
-	Schema   string          `json:"schema"`
-	Command  string          `json:"command"`
-	Started  time.Time       `json:"started"`
-	Seconds  Num             `json:"duration_s"`
-	Machine  Machine         `json:"machine"`
-	LoadEnd  Num             `json:"load1_end"`
-	Config   ReportConfig    `json:"config"`
-	Targets  []TargetInfo    `json:"targets"`
-	Streams  []LevelResult   `json:"streams"`
-	Small    *SmallResult    `json:"non_stream,omitempty"`
-	Capacity *CapacityResult `json:"capacity,omitempty"`
-	Versus   []Versus        `json:"versus_nginx"`
-	Checks   []Check         `json:"checks"`
-	Notes    []string        `json:"notes,omitempty"`
+	Schema   string            `json:"schema"`
+	Command  string            `json:"command"`
+	Started  time.Time         `json:"started"`
+	Seconds  Num               `json:"duration_s"`
+	Machine  Machine           `json:"machine"`
+	LoadEnd  Num               `json:"load1_end"`
+	Config   ReportConfig      `json:"config"`
+	Targets  []TargetInfo      `json:"targets"`
+	Streams  []LevelResult     `json:"streams"`
+	Small    *SmallResult      `json:"non_stream,omitempty"`
+	Capacity []*CapacityResult `json:"capacity,omitempty"` // one per --capacity N, in order
+	Versus   []Versus          `json:"versus_nginx"`
+	Checks   []Check           `json:"checks"`
+	Notes    []string          `json:"notes,omitempty"`
 }
 
 // Machine is what the run ran on.
@@ -120,9 +120,10 @@ type CapacityResult struct {
 
 // CapacityTarget is one proxy's capacity run.
 type CapacityTarget struct {
-	Target     string         `json:"target"`
-	RSSIdleMiB Num            `json:"rss_idle_mib"`
-	Waves      []CapacityWave `json:"waves"`
+	Target      string         `json:"target"`
+	RSSIdleMiB  Num            `json:"rss_idle_mib"`
+	HeapIdleMiB Num            `json:"heap_inuse_idle_mib"` // anvilproxy's, from /metrics; unknown for others
+	Waves       []CapacityWave `json:"waves"`
 }
 
 // worstKiB is the target's largest memory per stream over its waves.
@@ -149,14 +150,18 @@ func (c *CapacityTarget) peakOpen() int64 {
 type CapacityWave struct {
 	PeakOpen int64 `json:"peak_open"`
 	streamTally
-	SampledOpen     int64     `json:"rss_sampled_open"` // streams open when RSSMostOpenMiB was read
-	RSSMostOpenMiB  Num       `json:"rss_most_open_mib"`
-	RSSPeakMiB      Num       `json:"rss_peak_mib"`
-	RSSPerStreamKiB Num       `json:"rss_per_stream_kib"`
-	CPUPer1000      Num       `json:"cpu_ms_per_1000_events"`
-	TTFB            Quantiles `json:"ttfb"`
-	Event           Quantiles `json:"event_latency"`
-	Errors          []string  `json:"errors,omitempty"`
+	SampledOpen     int64 `json:"rss_sampled_open"` // streams open when RSSMostOpenMiB was read
+	RSSMostOpenMiB  Num   `json:"rss_most_open_mib"`
+	RSSPeakMiB      Num   `json:"rss_peak_mib"`
+	RSSPerStreamKiB Num   `json:"rss_per_stream_kib"`
+	// HeapPerStreamKiB is anvilproxy's heap in use with every stream open
+	// minus idle, per stream (unknown for other targets, or when not every
+	// stream was open at once).
+	HeapPerStreamKiB Num       `json:"heap_inuse_per_stream_kib"`
+	CPUPer1000       Num       `json:"cpu_ms_per_1000_events"`
+	TTFB             Quantiles `json:"ttfb"`
+	Event            Quantiles `json:"event_latency"`
+	Errors           []string  `json:"errors,omitempty"`
 }
 
 // Check is one of the run's goals against what the run measured.
@@ -257,22 +262,31 @@ func (r *Report) addSmall(clients int, ts []*target, acc []smallAcc) {
 }
 
 func (r *Report) newCapacity(asked int, lv Level, ramp time.Duration) *CapacityResult {
-	r.Capacity = &CapacityResult{
+	c := &CapacityResult{
 		Asked:       asked,
 		Streams:     lv.Streams,
 		PerStream:   lv.Events,
 		GapMS:       Num(float64(lv.Gap) / 1e6),
 		RampSeconds: Num(ramp.Seconds()),
 	}
-	return r.Capacity
+	r.Capacity = append(r.Capacity, c)
+	return c
 }
 
-// capacity returns target's capacity run, or nil.
-func (r *Report) capacity(target string) *CapacityTarget {
-	if r.Capacity == nil {
-		return nil
+// target returns target's part of the capacity run c, or nil.
+func (c *CapacityResult) target(target string) *CapacityTarget {
+	return find(c.Targets, func(t *CapacityTarget) bool { return t.Target == target })
+}
+
+// capacity returns target's part of every capacity run that has one.
+func (r *Report) capacity(target string) []*CapacityTarget {
+	var out []*CapacityTarget
+	for _, c := range r.Capacity {
+		if t := c.target(target); t != nil {
+			out = append(out, t)
+		}
 	}
-	return find(r.Capacity.Targets, func(c *CapacityTarget) bool { return c.Target == target })
+	return out
 }
 
 func newCapacityWave(best rssSample, idle, peak, peakOpen int64, cpu time.Duration, st *cellStats) CapacityWave {

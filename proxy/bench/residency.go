@@ -39,6 +39,36 @@ func scrapeBuckets(url, metric string) (buckets, error) {
 	return parseBuckets(resp.Body, metric)
 }
 
+// scrapeValue reads one unlabelled metric's value from a /metrics URL.
+func scrapeValue(url, metric string) (float64, error) {
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	return parseValue(resp.Body, metric)
+}
+
+// parseValue finds "metric value" in the text exposition format.
+func parseValue(r io.Reader, metric string) (float64, error) {
+	prefix := []byte(metric + " ")
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		if rest, ok := bytes.CutPrefix(sc.Bytes(), prefix); ok {
+			return strconv.ParseFloat(string(bytes.TrimSpace(rest)), 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("no %s", metric)
+}
+
 // parseBuckets reads metric_bucket{le="..."} lines of the text exposition
 // format.
 func parseBuckets(r io.Reader, metric string) (buckets, error) {

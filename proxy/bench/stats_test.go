@@ -86,10 +86,10 @@ func report(a StreamResult, anvilRPS float64, anvilKiB Num) *Report {
 		Small: &SmallResult{Clients: 64, Results: []SmallTargetResult{
 			{Target: Direct, RPS: 100000}, {Target: AnvilProxy, RPS: Num(anvilRPS), CPUPerRequest: 20}, {Target: Nginx, RPS: 50000, CPUPerRequest: 22},
 		}},
-		Capacity: &CapacityResult{Asked: 10000, Streams: 10000, Targets: []CapacityTarget{
-			{Target: AnvilProxy, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: anvilKiB}, {PeakOpen: 10000, RSSPerStreamKiB: anvilKiB - 1}}},
-			{Target: Nginx, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: 5}, {PeakOpen: 10000, RSSPerStreamKiB: 5}}},
-		}},
+		Capacity: []*CapacityResult{{Asked: 10000, Streams: 10000, Targets: []CapacityTarget{
+			{Target: AnvilProxy, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: anvilKiB, HeapPerStreamKiB: 7}, {PeakOpen: 10000, RSSPerStreamKiB: anvilKiB - 1, HeapPerStreamKiB: 7}}},
+			{Target: Nginx, Waves: []CapacityWave{{PeakOpen: 10000, RSSPerStreamKiB: 5, HeapPerStreamKiB: unknown}, {PeakOpen: 10000, RSSPerStreamKiB: 5, HeapPerStreamKiB: unknown}}},
+		}}},
 	}
 	r.Versus = versus(r)
 	return r
@@ -133,7 +133,7 @@ func TestChecks(t *testing.T) {
 	}
 	for _, c := range checks(report(bad, 40000, 21)) {
 		if strings.HasPrefix(c.Goal, "≤ 20 KiB") {
-			require.Equal(t, "21.0 / 20.0 KiB at 10000 streams (by wave), over by 1.0 KiB", c.Measured)
+			require.Equal(t, "21.0 / 20.0 KiB at 10000 streams (by wave), over by 1.0 KiB; heap in use 7.0 / 7.0 KiB", c.Measured)
 		}
 		if strings.Contains(c.Goal, "requests/s") {
 			require.Contains(t, c.Goal, "at or above")
@@ -159,4 +159,40 @@ func TestWriteTable(t *testing.T) {
 	var js bytes.Buffer
 	require.NoError(t, r.WriteJSON(&js))
 	require.True(t, json.Valid(js.Bytes()))
+}
+
+// TestVersusLoopAndFloor: the event-loop target gets its own rows beside
+// the goroutine relay's, each with the floor's figure and the ratio to it,
+// and its own goals.
+func TestVersusLoopAndFloor(t *testing.T) {
+	r := &Report{Streams: []LevelResult{{Streams: 16, Events: 200, Results: []StreamResult{
+		{Target: Direct},
+		{Target: AnvilProxy, AddedEvent: &Added{P50: 30, P99: 90}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 22},
+		{Target: AnvilLoop, AddedEvent: &Added{P50: 20, P99: 60}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 11},
+		{Target: Floor, AddedEvent: &Added{P50: 10, P99: 40}, AddedTTFB: &Added{P50: 40, P99: 100}, CPUPer1000: 10},
+		{Target: Nginx, AddedEvent: &Added{P50: 10, P99: 50}, AddedTTFB: &Added{P50: 50, P99: 100}, CPUPer1000: 12},
+	}}}}
+	r.Versus = versus(r)
+	require.Len(t, r.Versus, 6, "3 rows per anvilproxy target")
+	cpu := map[string]Versus{}
+	for _, v := range r.Versus {
+		if strings.Contains(v.Measure, "CPU") {
+			cpu[v.Target] = v
+		}
+	}
+	require.Equal(t, "10.0", cpu[AnvilLoop].Floor)
+	require.InDelta(t, 1.1, float64(cpu[AnvilLoop].VsFloor), 1e-9)
+	require.True(t, *cpu[AnvilLoop].Met)
+	require.InDelta(t, 2.2, float64(cpu[AnvilProxy].VsFloor), 1e-9)
+	require.False(t, *cpu[AnvilProxy].Met)
+	goals := map[string]bool{}
+	for _, c := range checks(r) {
+		goals[c.Goal] = true
+	}
+	require.True(t, goals["anvilproxy-loop: 16 streams, proxy CPU per 1,000 events: at or below nginx's"])
+	require.True(t, goals["16 streams, proxy CPU per 1,000 events: at or below nginx's"])
+	require.True(t, goals["0 events lost or reordered through anvilproxy-loop"])
+	var out bytes.Buffer
+	require.NoError(t, r.WriteTable(&out))
+	require.Contains(t, out.String(), "1.10×")
 }

@@ -71,17 +71,18 @@ func (r *Report) WriteTable(w io.Writer) error {
 			}
 		}
 	}
-	if c := r.Capacity; c != nil {
+	for _, c := range r.Capacity {
 		p.f("\nCapacity: %d streams held open at once through each proxy in turn (%d events %sms apart, opened over %ss).\n",
 			c.Streams, c.PerStream, fixed(c.GapMS, 0), fixed(c.RampSeconds, 0))
 		p.f("KiB/stream: (RSS with the most streams open − RSS idle) / streams open. Wave 1 runs on fresh memory, wave 2 on memory freed by wave 1.\n")
+		p.f("heap KiB/stream: anvilproxy's go_memstats_heap_inuse_bytes with every stream open − idle, / streams (garbage not yet collected included).\n")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "target\twave\tpeak open\tevents\tlost\treord\tcorrupt\tfailed\tRSS idle\tRSS MiB\twith open\tKiB/stream\tevent p50\tp99\tTTFB p50\tp99\tCPU/1k ev\t")
+		fmt.Fprintln(tw, "target\twave\tpeak open\tevents\tlost\treord\tcorrupt\tfailed\tRSS idle\tRSS MiB\twith open\tKiB/stream\theap KiB/stream\tevent p50\tp99\tTTFB p50\tp99\tCPU/1k ev\t")
 		for _, ct := range c.Targets {
 			for i, v := range ct.Waves {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
 					ct.Target, i+1, v.PeakOpen, v.Events, v.Lost, v.Reordered, v.Corrupt, v.Failed, fixed(ct.RSSIdleMiB, 1), fixed(v.RSSMostOpenMiB, 1), v.SampledOpen,
-					fixed(v.RSSPerStreamKiB, 1), plain(v.Event.P50), plain(v.Event.P99), plain(v.TTFB.P50), plain(v.TTFB.P99), msText(v.CPUPer1000))
+					fixed(v.RSSPerStreamKiB, 1), fixed(v.HeapPerStreamKiB, 1), plain(v.Event.P50), plain(v.Event.P99), plain(v.TTFB.P50), plain(v.TTFB.P99), msText(v.CPUPer1000))
 			}
 		}
 		p.err(tw.Flush())
@@ -94,11 +95,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 	}
 	if len(r.Versus) > 0 {
-		p.f("\nanvilproxy beside nginx, this run. Goal: at or below nginx on every row (requests/s: at or above). Ratio: anvilproxy / nginx.\n")
+		p.f("\nanvilproxy beside nginx and the floor, this run. Goal: at or below nginx on every row (requests/s: at or above). Ratio: anvilproxy / nginx.\n")
+		p.f("floor: the floor relay's figure (added p50 for a latency pair); ÷floor: anvilproxy / floor, the issue's fallback is ≤ 1.10 (requests/s ≥ 0.90).\n")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "measure\tanvilproxy\tnginx\tratio\tverdict")
+		fmt.Fprintln(tw, "measure\ttarget\tanvilproxy\tnginx\tratio\tverdict\tfloor\t÷floor")
 		for _, v := range r.Versus {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", v.Measure, v.AnvilProxy, v.Nginx, fixed(v.Ratio, 2)+"×", mark(v.Met))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", v.Measure, v.Target, v.AnvilProxy, v.Nginx, fixed(v.Ratio, 2)+"×", mark(v.Met), v.Floor, ratioText(v.VsFloor))
 		}
 		p.err(tw.Flush())
 	}
@@ -166,6 +168,13 @@ func rpsSpread(s *Spread) string {
 		return ""
 	}
 	return fixed(s.Min, 0) + ".." + fixed(s.Max, 0)
+}
+
+func ratioText(v Num) string {
+	if !v.known() {
+		return "-"
+	}
+	return fixed(v, 2) + "×"
 }
 
 func msText(v Num) string {

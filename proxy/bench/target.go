@@ -19,10 +19,14 @@ import (
 const (
 	Direct     = "direct"
 	AnvilProxy = "anvilproxy"
-	Floor      = "floor"
-	Nginx      = "nginx"
-	Caddy      = "caddy"
-	HAProxy    = "haproxy"
+	// AnvilLoop is anvilproxy serve --event-loop: the same build, its
+	// streams relayed by the event loops (docs/design.md "The event-loop
+	// relay"), in the same rounds as the goroutine relay.
+	AnvilLoop = "anvilproxy-loop"
+	Floor     = "floor"
+	Nginx     = "nginx"
+	Caddy     = "caddy"
+	HAProxy   = "haproxy"
 )
 
 // target is one way from the clients to the emitter: straight, or through
@@ -173,9 +177,10 @@ func (t *target) waitReady(limit time.Duration) error {
 	}
 }
 
-// startAnvil runs "anvilproxy serve" as a child process: argv runs serve,
-// and the flags it needs are appended.
-func startAnvil(argv []string, upstream, dir, logLevel string, maxConns int) (*target, error) {
+// startAnvil runs "anvilproxy serve" as a child process named name
+// (AnvilProxy or AnvilLoop): argv runs serve, and the flags it needs are
+// appended.
+func startAnvil(name string, argv []string, upstream, dir, logLevel string, maxConns int) (*target, error) {
 	if len(argv) == 0 {
 		return nil, errors.New("no command to run anvilproxy serve")
 	}
@@ -192,7 +197,7 @@ func startAnvil(argv []string, upstream, dir, logLevel string, maxConns int) (*t
 		"--log-level", logLevel, "--max-upstream-conns", strconv.Itoa(maxConns), "--shutdown-grace", "2s")
 	cmd := exec.Command(argv[0], args...)
 	cmd.Dir = dir
-	t, err := launch(AnvilProxy, cmd, addr, dir)
+	t, err := launch(name, cmd, addr, dir)
 	if err != nil {
 		return nil, err
 	}

@@ -154,8 +154,12 @@ func (r *response) read(body io.Reader) {
 	}
 }
 
-// split takes complete events (ended by a blank line) off the front of b.
+// split takes complete events (ended by a blank line) off the front of b;
+// an NDJSON body's events are its lines (native_test.go).
 func (r *response) split(b []byte, now time.Time) []byte {
+	if isNDJSON(r.header) {
+		return r.splitLines(b, now)
+	}
 	for {
 		b = bytes.TrimLeft(b, "\r\n")
 		i := bytes.Index(b, []byte("\n\n"))
@@ -245,6 +249,8 @@ func classify(t *testing.T, path string, ev event) kind {
 		t.Fatalf("event data is not JSON (%v): %d bytes", err, len(ev.data))
 	}
 	switch path {
+	case "/api/generate", "/api/chat":
+		return classifyNative(v)
 	case "/v1/chat/completions", "/v1/completions":
 		for _, c := range list(v["choices"]) {
 			c := obj(c)

@@ -169,6 +169,23 @@ func member(proto sse.Protocol, k []byte) int {
 		if string(k) == "prompt" {
 			return memberPrompt
 		}
+	case sse.ProtocolOllama:
+		// /api/chat has messages and tools, /api/generate a prompt and a
+		// system; both render the system first (ollama's templates).
+		switch string(k) {
+		case "messages":
+			return memberList
+		case "tools":
+			return memberTools
+		case "system":
+			return memberSystem
+		case "prompt":
+			return memberPrompt
+		case "context":
+			// /api/generate's deprecated token ids of an earlier
+			// exchange: the body is not the whole prompt.
+			return memberState
+		}
 	}
 	return memberOther
 }

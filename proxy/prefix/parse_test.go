@@ -98,6 +98,20 @@ func TestCanonicalSegments(t *testing.T) {
 		body:  `{"prompt":["once upon"],"max_tokens":5}`,
 		want:  []string{`prompt/none/0: once upon`},
 	}, {
+		name:  "ollama chat",
+		proto: sse.ProtocolOllama,
+		body:  `{"model":"m","stream":true,"options":{"num_predict":5},"tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"system","content":"sys"},{"role":"user","content":"hi"}]}`,
+		want: []string{
+			`system/system/0: sys`,
+			`tools/none/0: {"type":"function","function":{"name":"f"}}`,
+			`message/user/1: hi`,
+		},
+	}, {
+		name:  "ollama generate",
+		proto: sse.ProtocolOllama,
+		body:  `{"model":"m","prompt":"once upon","system":"be brief","think":false}`,
+		want:  []string{`system/system/0: be brief`, `prompt/none/0: once upon`},
+	}, {
 		name:  "completions token ids",
 		proto: sse.ProtocolCompletions,
 		body:  `{"prompt":[1, 2, 3]}`,

@@ -298,6 +298,7 @@ func TestUntracked(t *testing.T) {
 		{sse.ProtocolCompletions, `{"prompt":["a","b"]}`, UntrackedUnknownShape},
 		{sse.ProtocolCompletions, `{"prompt":[[1,2],[3]]}`, UntrackedUnknownShape},
 		{sse.ProtocolResponses, `{"input":"hi","previous_response_id":"resp_1"}`, UntrackedStateful},
+		{sse.ProtocolOllama, `{"prompt":"and then?","context":[1,2,3]}`, UntrackedStateful},
 		{sse.ProtocolUnknown, `{"messages":[{"role":"user","content":"hi"}]}`, UntrackedUnknownShape},
 		{sse.ProtocolChat, `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`, UntrackedTooLarge},
 	} {
@@ -306,7 +307,7 @@ func TestUntracked(t *testing.T) {
 	}
 	s := tr.Stats()
 	require.Equal(t, uint64(0), s.Tracked)
-	require.Equal(t, [NumUntrackedReasons]uint64{0, 6, 9, 1, 1}, s.Untracked)
+	require.Equal(t, [NumUntrackedReasons]uint64{0, 6, 9, 1, 2}, s.Untracked)
 }
 
 func TestCache(t *testing.T) {

@@ -35,6 +35,7 @@ type job struct {
 	stream    bool
 	created   int64 // Unix seconds, as in "created"
 	arrived   time.Time
+	enqueued  time.Time // it joined the engine's queue (after parsing and the arrival jitter)
 	bodyHash  uint64
 	hashes    []uint64 // the prompt's prefix-cache block hashes
 	// promptTokens is len(prompt)/BytesPerToken, at least 1.

@@ -73,6 +73,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, p proto
 		return
 	}
 	s.jitterArrival()
+	j.enqueued = time.Now()
 	t, ok := s.enqueue(j.hashes, kv)
 	if !ok {
 		s.reject(w, p, http.StatusTooManyRequests,
@@ -145,8 +146,9 @@ type eventWriter struct {
 	buf []byte
 }
 
-func startStream(w http.ResponseWriter) *eventWriter {
-	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+// startStream sends a stream's head with Content-Type ct.
+func startStream(w http.ResponseWriter, ct string) *eventWriter {
+	w.Header().Set("Content-Type", ct)
 	w.WriteHeader(http.StatusOK)
 	e := &eventWriter{w: w, rc: http.NewResponseController(w)}
 	// A failed flush means the client is gone; the engine notices through
@@ -174,6 +176,16 @@ func (e *eventWriter) send(name string, v any) error {
 	return e.flush()
 }
 
+// line writes one NDJSON line (ollama's native stream) and flushes it.
+func (e *eventWriter) line(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic("BUG: sim line does not marshal: " + err.Error())
+	}
+	e.buf = append(append(e.buf[:0], b...), '\n')
+	return e.flush()
+}
+
 // done writes the OpenAI end-of-stream sentinel.
 func (e *eventWriter) done() error {
 	e.buf = append(e.buf[:0], "data: [DONE]\n\n"...)
@@ -193,6 +205,15 @@ func (e *eventWriter) flush() error {
 	return nil
 }
 
+// streamType is the Content-Type of p's streams: text/event-stream, or
+// what a protocol of another framing says (ollama's NDJSON).
+func streamType(p protocol) string {
+	if t, ok := p.(interface{ contentType() string }); ok {
+		return t.contentType()
+	}
+	return "text/event-stream; charset=utf-8"
+}
+
 // streamOutput sends the engine's events to a stream through a protocol.
 // It is owned by the request's handler goroutine.
 type streamOutput struct {
@@ -203,7 +224,7 @@ type streamOutput struct {
 
 func (o *streamOutput) head(res *result) {
 	if o.e == nil {
-		o.e = startStream(o.w)
+		o.e = startStream(o.w, streamType(o.p))
 		res.head = time.Now()
 	}
 }

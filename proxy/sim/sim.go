@@ -119,6 +119,18 @@
 // [DONE]; a whole answer is that final object with the whole content.
 // Served whatever Config.Engine, with llama.cpp's timings always.
 //
+// ollama's native POST /api/generate ("prompt", "system") and /api/chat
+// ("messages", "tools") take "stream" (true unless false), "think" and
+// "options":{"num_predict"} and answer as ollama v0.17.4 does (ollama.go):
+// NDJSON (application/x-ndjson), one object per line with the new text
+// ("response", or "message":{"role","content"}; reasoning in "thinking")
+// and "done": false, then the done line with done_reason and the Metrics
+// computed from the sim's truth as ollama measures them (total_duration,
+// load_duration, prompt_eval_count, prompt_eval_duration from slot start to
+// the first token, eval_count with the end-of-sequence step, eval_duration);
+// "stream": false answers the done object with the whole text. Served
+// whatever Config.Engine.
+//
 // GET /metrics (Config.Metrics) serves the engine's own metrics under its
 // real names, beside the sim's sim_* counters: vLLM's (running, waiting, KV
 // usage, prefix-cache queries and hits, token counters, per-request queue,
@@ -507,6 +519,8 @@ func (s *Server) routes() *http.ServeMux {
 		{"POST", "/v1/messages", s.generation(newMessages)},
 		{"POST", "/completion", s.generation(newNative)},
 		{"POST", "/completions", s.generation(newNative)},
+		{"POST", "/api/generate", s.generation(newOllamaGenerate)},
+		{"POST", "/api/chat", s.generation(newOllamaChat)},
 		{"GET", "/v1/models", s.serveModels},
 		{"GET", "/health", serveHealth},
 		{"GET", "/metrics", s.metrics.ServeHTTP},

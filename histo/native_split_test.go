@@ -1,0 +1,98 @@
+package histo_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/sim"
+)
+
+// TestOllamaNativeSplit: the sim as ollama with 1 and 3 slots (its
+// prefill lock and its slot freed at the stream's end), bursts of its
+// native /api/chat and /api/generate streams through a proxy given no
+// hint. ollama's own prompt_eval_duration is the split's prefill
+// (queue_source server_prefill) with no timeline needed, so every request
+// is within max(25 ms, 10%) of the engine's truth; the engine's figures
+// in /requests are its durations.
+func TestOllamaNativeSplit(t *testing.T) {
+	skipInaccurate(t)
+	for _, slots := range []int{1, 3} {
+		t.Run(fmt.Sprintf("slots%d", slots), func(t *testing.T) {
+			s, up := simServer(t, sim.Config{Engine: sim.EngineOllama, Slots: slots, PrefillTokensPerSec: 20000,
+				DecodeTokensPerSec: 400, TokensPerEvent: 1, ExactLength: true, Seed: 1})
+			st := newStack(t, up, proxy.Config{}, histo.Config{})
+			const n = 6
+			before := enqueued(s)
+			var wg sync.WaitGroup
+			for i := range n {
+				path, body := nativeRequest(i)
+				wg.Go(func() { postNative(t, st.base+path, fmt.Sprintf("native-%d", i), body) })
+				waitEnqueued(t, s, before+int64(i))
+			}
+			wg.Wait()
+			for i := range n {
+				id := fmt.Sprintf("native-%d", i)
+				truth, ok := s.Truth(id)
+				require.True(t, ok, id)
+				rq := (&accStack{stack: st, sim: s}).record(t, 20+3*i+1) // eval_count: the answer and its end-of-sequence step
+				require.Equal(t, histo.SourceServerPrefill, rq.QueueSource, id)
+				require.False(t, rq.Failed, id)
+				require.True(t, rq.Engine.Prefill.Known() && rq.Engine.Decode.Known() && rq.Engine.Total.Known(), id)
+				require.InDelta(t, truth.FirstToken.Sub(truth.Admitted).Seconds()*1e3, rq.Engine.Prefill.Millis(), 0.01, id)
+				diff := time.Duration(rq.Queue) - truth.Queue
+				t.Logf("%s (%s): queue %.1f ms, truth %.1f ms, error %+.2f ms; prefill %.1f ms, truth %.1f ms",
+					id, rq.Route, rq.Queue.Millis(), truth.Queue.Seconds()*1e3, diff.Seconds()*1e3, rq.Prefill.Millis(), truth.Prefill.Seconds()*1e3)
+				require.LessOrEqual(t, diff.Abs(), queueTolerance(truth.Queue), id)
+			}
+		})
+	}
+}
+
+// nativeRequest is the i-th request of a native burst: a cold prompt of
+// its own length, alternately /api/chat and /api/generate; it answers
+// 20+3i tokens (postNative), its key in the records.
+func nativeRequest(i int) (path, body string) {
+	prompt := coldPrompt(fmt.Sprintf("native-%d", i), 400+200*i)[0]["content"]
+	var b []byte
+	if i%2 == 0 {
+		path = "/api/chat"
+		b, _ = json.Marshal(map[string]any{"model": "m",
+			"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	} else {
+		path = "/api/generate"
+		b, _ = json.Marshal(map[string]any{"model": "m", "prompt": prompt})
+	}
+	return path, string(b)
+}
+
+func postNative(t *testing.T, url, id, body string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("X-Request-Id", id)
+	// Natural stops, so that ollama's release at the stream's end and its
+	// end-of-sequence step are in play.
+	req.Header.Set("X-Sim-Completion-Tokens", fmt.Sprint(20+3*idIndex(id)))
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+}
+
+func idIndex(id string) int {
+	var i int
+	_, _ = fmt.Sscanf(id, "native-%d", &i)
+	return i
+}

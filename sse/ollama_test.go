@@ -1,0 +1,210 @@
+package sse
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// ndjsonFiles reads the recorded NDJSON streams: ollama v0.17.4's
+// /api/generate and /api/chat, captured with curl from the real engine of
+// scripts/real-engine.sh (tiny-plain and tiny-thinking models).
+func ndjsonFiles(t testing.TB) map[string][]byte {
+	t.Helper()
+	names, err := filepath.Glob("testdata/*.ndjson")
+	require.NoError(t, err)
+	require.Len(t, names, 3)
+	files := make(map[string][]byte, len(names))
+	for _, name := range names {
+		b, err := os.ReadFile(name)
+		require.NoError(t, err)
+		files[filepath.Base(name)] = b
+	}
+	return files
+}
+
+// splitLines runs in through l in pieces of n bytes and returns copies of
+// the lines and their ranges.
+func splitLines(t testing.TB, l *Lines, in []byte, n int) (lines []string, ranges [][2]int64, tooLarge int) {
+	t.Helper()
+	var ev Event
+	for len(in) > 0 {
+		k := min(n, len(in))
+		l.Feed(in[:k])
+		in = in[k:]
+		for {
+			ok, err := l.Next(&ev)
+			if err == ErrEventTooLarge {
+				tooLarge++
+				continue
+			}
+			require.NoError(t, err)
+			if !ok {
+				break
+			}
+			require.Nil(t, ev.Type)
+			require.Nil(t, ev.ID)
+			require.EqualValues(t, -1, ev.Retry)
+			lines = append(lines, string(ev.Data))
+			ranges = append(ranges, [2]int64{ev.Offset, int64(ev.Len)})
+		}
+	}
+	return lines, ranges, tooLarge
+}
+
+func TestLinesSplitAnywhere(t *testing.T) {
+	for name, b := range ndjsonFiles(t) {
+		want := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+		for _, in := range [][]byte{b, bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n"))} {
+			for _, n := range []int{len(in), 4096, 100, 7, 1} {
+				l := NewLines(0)
+				got, ranges, _ := splitLines(t, l, in, n)
+				require.Equal(t, want, got, "%s in pieces of %d", name, n)
+				require.Zero(t, l.Pending(), name)
+				// The ranges tile the stream.
+				var off int64
+				for _, r := range ranges {
+					require.Equal(t, off, r[0])
+					off += r[1]
+				}
+				require.EqualValues(t, len(in), off)
+			}
+		}
+	}
+}
+
+func TestLinesBlankPartialAndTooLarge(t *testing.T) {
+	in := []byte("\n{\"a\":1}\n  \n\r\n{\"b\":2}\r\n" + strings.Repeat("x", 40) + "\n{\"c\":3}\n{\"d\"")
+	for _, n := range []int{len(in), 5, 1} {
+		l := NewLines(16)
+		got, ranges, tooLarge := splitLines(t, l, in, n)
+		require.Equal(t, []string{`{"a":1}`, `{"b":2}`, `{"c":3}`}, got, n)
+		require.Equal(t, 1, tooLarge, n)
+		require.Equal(t, [2]int64{0, 9}, ranges[0]) // the leading blank line joins the first range
+		require.Equal(t, 4, l.Pending(), "a last line cut before its LF is pending")
+		l.Reset()
+		require.Zero(t, l.Pending())
+	}
+	// A line that grows too large and never ends is pending.
+	l := NewLines(4)
+	_, _, tooLarge := splitLines(t, l, []byte("0123456789"), 3)
+	require.Equal(t, 1, tooLarge)
+	require.NotZero(t, l.Pending())
+}
+
+func TestClassifyOllama(t *testing.T) {
+	for _, tt := range []struct{ data, want string }{
+		{`{"model":"m","created_at":"t","response":" the","done":false}`, "content"},
+		{`{"model":"m","response":"","thinking":"hm","done":false}`, "reasoning"},
+		{`{"model":"m","response":"","done":false}`, "0"},
+		{`{"model":"m","message":{"role":"assistant","content":"hi"},"done":false}`, "role|content"},
+		{`{"model":"m","message":{"role":"assistant","content":"","thinking":" the"},"done":false}`, "role|reasoning"},
+		{`{"model":"m","message":{"role":"assistant","content":"","tool_calls":[{"function":{"index":0,"name":"get_weather","arguments":{"city":"Paris"}}}]},"done":false}`, "role|tool_call"},
+		{`{"model":"m","response":"","tool_calls":[{"function":{"name":"f","arguments":{}}}],"done":false}`, "tool_call"},
+		{`{"model":"m","response":"","done":true,"done_reason":"stop","context":[1,2,3],"total_duration":380147534,"load_duration":366371051,"prompt_eval_count":29,"prompt_eval_duration":5111028,"eval_count":6,"eval_duration":4293224}`, "finish|usage|done|timing"},
+		{`{"model":"m","created_at":"t","done":true,"done_reason":"load"}`, "finish|done"},
+		{`{"model":"m","response":"x","done":"true"}`, "content"},
+		{`{"error":"model runner has unexpectedly stopped"}`, "error"},
+		{`{"model":"m","created_at":"t"}`, "unparsed"},
+		{`{"response":"x","done":fals`, "unparsed"},
+	} {
+		var c Chunk
+		Classify(ProtocolOllama, &Event{Data: []byte(tt.data)}, &c)
+		require.Equal(t, tt.want, c.Flags.String(), tt.data)
+	}
+	var c Chunk
+	Classify(ProtocolOllama, &Event{Data: []byte(`{"response":"","done":true,"done_reason":"stop","total_duration":380147534,"load_duration":366371051,"prompt_eval_count":29,"prompt_eval_duration":5111028,"eval_count":6,"eval_duration":4293224}`)}, &c)
+	require.Equal(t, Usage{PromptTokens: 29, CompletionTokens: 6, CachedTokens: -1, ReasoningTokens: -1}, c.Usage)
+	want := UnknownTiming()
+	want.TotalMs, want.LoadMs, want.PrefillMs, want.DecodeMs = 380.147534, 366.371051, 5.111028, 4.293224
+	require.Equal(t, want, c.Timing)
+	// The whole non-stream body of /api/chat, as ollama answers "stream": false.
+	ClassifyBody(ProtocolOllama, []byte(`{"model":"tiny-plain","created_at":"2026-12-01T18:39:45.222517877Z","message":{"role":"assistant","content":" next the"},"done":true,"done_reason":"stop","total_duration":27118881,"load_duration":3674993,"prompt_eval_count":25,"prompt_eval_duration":654849,"eval_count":45,"eval_duration":15708497}`), &c)
+	require.Equal(t, "role|content|finish|usage|done|timing", c.Flags.String())
+	require.Equal(t, Usage{PromptTokens: 25, CompletionTokens: 45, CachedTokens: -1, ReasoningTokens: -1}, c.Usage)
+	require.Equal(t, "ollama", ProtocolOllama.String())
+}
+
+// TestOllamaRecordedStreams reads each recorded stream as the relay does:
+// every line before the last is output and nothing else, the last ends
+// it with usage and timings.
+func TestOllamaRecordedStreams(t *testing.T) {
+	for name, b := range ndjsonFiles(t) {
+		l := NewLines(0)
+		l.Feed(b)
+		var ev Event
+		var c Chunk
+		var lines []Flags
+		u, tm := UnknownUsage(), UnknownTiming()
+		for {
+			ok, err := l.Next(&ev)
+			require.NoError(t, err)
+			if !ok {
+				break
+			}
+			Classify(ProtocolOllama, &ev, &c)
+			lines = append(lines, c.Flags)
+			u.Merge(c.Usage)
+			tm.Merge(c.Timing)
+		}
+		output := FlagContent
+		if strings.Contains(name, "thinking") {
+			output = FlagReasoning
+		}
+		for i, f := range lines[:len(lines)-1] {
+			require.Equal(t, output, f&^FlagRole, "%s line %d", name, i)
+		}
+		require.Equal(t, FlagFinish|FlagDone|FlagUsage|FlagTiming, lines[len(lines)-1]&^FlagRole, name)
+		require.Positive(t, u.PromptTokens, name)
+		// ollama counts the end-of-sequence step it never sends: one more
+		// than the output lines (each of one token here).
+		require.EqualValues(t, len(lines), u.CompletionTokens, name)
+		require.Positive(t, tm.TotalMs, name)
+		require.Positive(t, tm.PrefillMs, name)
+		require.Positive(t, tm.DecodeMs, name)
+		require.Less(t, tm.LoadMs+tm.PrefillMs+tm.DecodeMs, tm.TotalMs, name)
+	}
+}
+
+// FuzzLines holds Lines, fed in pieces, to a plain split of the whole
+// input on LF: the same lines, the same drops of lines beyond the limit,
+// the same pending tail.
+func FuzzLines(f *testing.F) {
+	for _, b := range ndjsonFiles(f) {
+		f.Add(b, uint8(7))
+	}
+	f.Add([]byte("a\r\n\n  \nbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\nc"), uint8(3))
+	f.Fuzz(func(t *testing.T, in []byte, piece uint8) {
+		const limit = 64
+		n := int(piece%32) + 1
+		var want []string
+		drops := 0
+		parts := bytes.Split(in, []byte("\n"))
+		for _, p := range parts[:len(parts)-1] {
+			switch {
+			case len(p) > limit:
+				drops++
+			case len(bytes.TrimSpace(bytes.TrimSuffix(p, []byte("\r")))) > 0:
+				want = append(want, string(bytes.TrimSuffix(p, []byte("\r"))))
+			}
+		}
+		tail := parts[len(parts)-1]
+		if len(tail) > limit {
+			drops++
+		}
+		l := NewLines(limit)
+		got, ranges, tooLarge := splitLines(t, l, in, n)
+		require.Equal(t, want, got)
+		require.Equal(t, drops, tooLarge)
+		require.Equal(t, len(tail), l.Pending())
+		var off int64
+		for _, r := range ranges {
+			require.Equal(t, off, r[0])
+			off += r[1]
+		}
+	})
+}
