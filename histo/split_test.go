@@ -279,3 +279,21 @@ func TestCostModelRobustToSlowSamples(t *testing.T) {
 		}
 	}
 }
+
+// TestRateModelReadyDespiteSpread: ten equal cold prompts whose prefill
+// spread 2.2 × (ollama at load average 10: 1.9–4.3 s for 1,500 tokens),
+// the slowest first. Judged against the slowest sample, the fast half were
+// refused as cache hits and the model was not ready after all ten; judged
+// against the median, it is ready by the eighth.
+func TestRateModelReadyDespiteSpread(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 1})
+	secs := []float64{4.3, 1.9, 2.0, 3.1, 1.95, 2.2, 2.6, 1.9, 3.4, 2.05}
+	for i, s := range secs {
+		tr := shifted(ptr(idle(1500, 1500/s)), time.Duration(i+1)*10*time.Second)
+		r.Record(&tr)
+	}
+	_, n, ok := r.PrefillRate()
+	require.True(t, ok, "ready: %d samples", n)
+}
+
+func ptr(tr proxy.Trace) *proxy.Trace { return &tr }
