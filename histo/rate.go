@@ -608,7 +608,7 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 // prefill time pays for. -1 when it cannot be estimated (no split, a split
 // from the model, which assumes a cold prompt, no prompt size, too short a
 // prompt, or a model not ready).
-func inferCached(tr *proxy.Trace, sp Split, rs rates) int64 {
+func inferCached(tr *proxy.Trace, sp split, rs rates) int64 {
 	if !sp.OK || sp.Source == SourceModel || sp.Source == SourceEngineLoad || tr.PromptTokens < modelMinTokens || !rs.ready {
 		return -1
 	}

@@ -248,7 +248,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 // proven slot count), and the
 // whole upstream time to first output when the rate model split a request
 // that found nothing in flight (the engine was idle).
-func learnable(tr *proxy.Trace, sp Split, place placement) (time.Duration, bool) {
+func learnable(tr *proxy.Trace, sp split, place placement) (time.Duration, bool) {
 	switch sp.Source {
 	case SourceServer, SourceServerPrefill, SourceHeaders, SourceLimiter:
 		return sp.Prefill, sp.OK
