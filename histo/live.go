@@ -35,6 +35,7 @@ type liveSlot struct {
 // put and done are lock-free; read runs under occupancy.mu.
 type liveTable struct {
 	base  time.Time
+	n     atomic.Int64 // occupied slots: a reader stops once it has seen them
 	slots [liveRing]liveSlot
 }
 
@@ -46,7 +47,9 @@ type live struct {
 // put notes tr's first output. It does not allocate.
 func (l *liveTable) put(tr *proxy.Trace) {
 	s := &l.slots[tr.ID%liveRing]
-	s.id.Store(0)
+	if s.id.Swap(0) == 0 {
+		l.n.Add(1)
+	}
 	s.admit.Store(int64(tr.Admit.Sub(l.base)))
 	s.arrive.Store(int64(tr.Admit.Add(tr.Connect).Sub(l.base)))
 	s.first.Store(int64(tr.FirstOutput.Sub(l.base)))
@@ -55,23 +58,31 @@ func (l *liveTable) put(tr *proxy.Trace) {
 
 // done drops the request id (it is being recorded: the timeline has it
 // from now on).
-func (l *liveTable) done(id uint64) { l.slots[id%liveRing].id.CompareAndSwap(id+1, 0) }
+func (l *liveTable) done(id uint64) {
+	if l.slots[id%liveRing].id.CompareAndSwap(id+1, 0) {
+		l.n.Add(-1)
+	}
+}
 
-// read returns slot i's request on the timeline whose epoch is epoch, and
-// false when the slot is empty, being written, or holds request self.
-func (l *liveTable) read(i int, epoch time.Time, self uint64) (live, bool) {
+// read returns slot i's request on the timeline whose epoch is epoch;
+// occupied is false when the slot is empty or being written, ok also when
+// it holds request self.
+func (l *liveTable) read(i int, epoch time.Time, self uint64) (x live, occupied, ok bool) {
 	s := &l.slots[i]
 	id := s.id.Load()
-	if id == 0 || id == self+1 {
-		return live{}, false
+	if id == 0 {
+		return live{}, false, false
 	}
-	x := live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load()}
+	if id == self+1 {
+		return live{}, true, false
+	}
+	x = live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load()}
 	if s.id.Load() != id {
-		return live{}, false
+		return live{}, false, false
 	}
 	off := int64(l.base.Sub(epoch))
 	x.admit, x.arrive, x.first = x.admit+off, x.arrive+off, x.first+off
-	return x, true
+	return x, true, true
 }
 
 // FirstOutput implements proxy.FirstOutputObserver: it notes an inference
@@ -79,7 +90,7 @@ func (l *liveTable) read(i int, epoch time.Time, self uint64) (live, bool) {
 // is still in flight. Safe for concurrent use; it does not block or
 // allocate.
 func (r *Recorder) FirstOutput(tr *proxy.Trace) {
-	if !inference(tr.Route) || tr.Admit.IsZero() || tr.FirstOutput.IsZero() {
+	if !tr.Route.Generates() || tr.Admit.IsZero() || tr.FirstOutput.IsZero() {
 		return
 	}
 	r.occ.live.put(tr)
@@ -101,8 +112,15 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 	}
 	oneSlot := o.slots.effective() == 1
 	n := 0
-	for i := range liveRing {
-		x, ok := o.live.read(i, o.epoch, self)
+	// Newest first from e's own slot, stopping once every occupied slot
+	// was seen (the count may lag a writer: a first output arriving now
+	// came after e's and is behind it anyway).
+	left := o.live.n.Load()
+	for k := 1; k <= liveRing && left > 0; k++ {
+		x, occupied, ok := o.live.read(int((self+liveRing-uint64(k))%liveRing), o.epoch, self)
+		if occupied {
+			left--
+		}
 		if !ok || x.admit >= e.admit || x.first < 0 {
 			continue // admitted after e: not ahead, not counted in flight
 		}

@@ -249,7 +249,9 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// this one: they are ahead, and still there, unless their first
 	// output, seen live, says the engine served them after it.
 	behind := 0
-	if complete {
+	if complete && tr.InflightAtAdmit > mAdmit {
+		// Only a request admitted before it and not recorded yet can
+		// tell it more (the live table is not scanned otherwise).
 		behind = o.liveAhead(e, tr.ID)
 	}
 	n := m + max(0, tr.InflightAtAdmit-mAdmit-behind)

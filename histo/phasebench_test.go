@@ -10,7 +10,7 @@ import (
 // (BENCHMARKS.md "Phase table").
 func BenchmarkPhases(b *testing.B) {
 	tr := chat()
-	sp := Split{Queue: time.Millisecond, Prefill: 2 * time.Millisecond, Source: SourceModel, OK: true}
+	sp := split{Queue: time.Millisecond, Prefill: 2 * time.Millisecond, Source: SourceModel, OK: true}
 	var rq Request
 	var sum int64
 	b.ReportAllocs()

@@ -169,7 +169,7 @@ type phaseRow struct {
 // a switch: the compiler inlines the Trace's methods here, which a call per
 // row did not, 100-200 ns a request (BENCHMARKS.md "Phase table"). A row
 // without its line stays NaN (TestPhaseDefinitions).
-func evalPhases(tr *proxy.Trace, sp *Split) (v phaseValues) {
+func evalPhases(tr *proxy.Trace, sp *split) (v phaseValues) {
 	for m := range v {
 		v[m] = math.NaN()
 	}

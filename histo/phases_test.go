@@ -120,7 +120,7 @@ func TestPhaseSlots(t *testing.T) {
 // of evalPhases) that knows a complete request's value.
 func TestPhaseDefinitions(t *testing.T) {
 	tr := chat()
-	sp := Split{Queue: time.Millisecond, Prefill: 2 * time.Millisecond, Source: SourceModel, OK: true}
+	sp := split{Queue: time.Millisecond, Prefill: 2 * time.Millisecond, Source: SourceModel, OK: true}
 	v := evalPhases(&tr, &sp)
 	for m := range numRequestMetrics {
 		require.False(t, math.IsNaN(v[m]), "%s has no definition", m)

@@ -70,10 +70,11 @@ const (
 type rateSample struct{ n, pos, t float64 }
 
 // costFit is a learned cost model (t = t0 + a·n + b·n·pos, seconds) and
-// the slowest and fastest per-token times among the samples (n·slowest is
-// the reference a sample is judged by before the model is ready, n·fastest
-// the prefill floor's base).
-type costFit struct{ t0, a, b, slowest, fastest float64 }
+// the slowest, fastest and median (typical) per-token times among the
+// samples (n·slowest is the cold bound before the model is ready, n·typical
+// the reference a sample is judged by then, n·fastest the prefill floor's
+// base).
+type costFit struct{ t0, a, b, slowest, fastest, typical float64 }
 
 // cost is the prefill time of n new tokens after cached ones.
 func (f costFit) cost(n, cached float64) float64 { return f.t0 + f.a*n + f.b*n*(cached+n/2) }
@@ -171,12 +172,16 @@ func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
 }
 
 // reference is the time a sample of n new tokens is judged by: the model's
-// once ready, the slowest sample's per-token time before.
+// once ready, the median sample's per-token time before. The slowest's
+// (until this session) refused cold prompts as hits when the engine's own
+// spread was wide: against ollama at load average 10, ten equal cold
+// prompts took 1.9–4.3 s, the faster ones were refused and the model was
+// not ready after all ten (inferred cache null).
 func reference(rs rates, n, cached float64) float64 {
 	if rs.ready {
 		return rs.fit.cost(n, cached)
 	}
-	return n * rs.fit.slowest
+	return n * rs.fit.typical
 }
 
 // learnBytes follows tr's prompt tokens per request byte.
@@ -199,8 +204,8 @@ func (m *rateModel) learnBytes(tr *proxy.Trace) {
 // run of modelMinSamples refused in a row that agree within hitFactor is
 // instead the engine's cost, and the samples it was judged against were
 // the outliers: a stall (ollama loads the model on its first request,
-// which is then the slowest sample by far, and before the model is ready
-// the slowest is the reference) or an engine that got faster. The run
+// which is then the slowest sample by far, and the only one the first
+// reference rests on) or an engine that got faster. The run
 // then replaces the samples, which would otherwise never move again.
 func (m *rateModel) refuse(x rateSample) {
 	m.mu.Lock()
@@ -276,6 +281,12 @@ func (m *rateModel) refitLocked() {
 	}
 	m.fit = f
 	m.fit.slowest, m.fit.fastest = slowest, fastest
+	per := m.resid[:0]
+	for _, x := range samples {
+		per = append(per, x.t/x.n)
+	}
+	insertionSortFloat(per)
+	m.fit.typical = median(per)
 	m.ready = m.n >= modelMinSamples
 }
 
@@ -597,7 +608,7 @@ func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Se
 // prefill time pays for. -1 when it cannot be estimated (no split, a split
 // from the model, which assumes a cold prompt, no prompt size, too short a
 // prompt, or a model not ready).
-func inferCached(tr *proxy.Trace, sp Split, rs rates) int64 {
+func inferCached(tr *proxy.Trace, sp split, rs rates) int64 {
 	if !sp.OK || sp.Source == SourceModel || sp.Source == SourceEngineLoad || tr.PromptTokens < modelMinTokens || !rs.ready {
 		return -1
 	}

@@ -208,25 +208,13 @@ func (r *Recorder) gauges() []prometheus.Collector {
 	return out
 }
 
-// inference reports whether a route carries generation, the requests whose
-// phases mean something. Other routes are counted in
-// anvilproxy_requests_total only.
-func inference(rt proxy.Route) bool {
-	switch rt {
-	case proxy.RouteChat, proxy.RouteCompletions, proxy.RouteResponses, proxy.RouteMessages, proxy.RouteLlamaCompletion,
-		proxy.RouteOllamaGenerate, proxy.RouteOllamaChat:
-		return true
-	}
-	return false
-}
-
 // Record takes one finished request: counters and a /requests record for
 // every route; for inference routes the queue/prefill split, the
 // Prometheus and HDR histograms, goodput, the window's record and the
 // prefill model. It keeps no reference to tr.
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
-	if !inference(tr.Route) {
+	if !tr.Route.Generates() {
 		r.occ.passing(tr)
 		r.recordOther(tr)
 		return
@@ -260,7 +248,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 // proven slot count), and the
 // whole upstream time to first output when the rate model split a request
 // that found nothing in flight (the engine was idle).
-func learnable(tr *proxy.Trace, sp Split, place placement) (time.Duration, bool) {
+func learnable(tr *proxy.Trace, sp split, place placement) (time.Duration, bool) {
 	switch sp.Source {
 	case SourceServer, SourceServerPrefill, SourceHeaders, SourceLimiter:
 		return sp.Prefill, sp.OK

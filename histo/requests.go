@@ -172,7 +172,7 @@ type Request struct {
 
 // newRequest fills rq from tr, its split and its evaluated phases. Index
 // and Good are set under Recorder.mu when the request is added to a window.
-func newRequest(rq *Request, tr *proxy.Trace, sp Split, v *phaseValues) {
+func newRequest(rq *Request, tr *proxy.Trace, sp split, v *phaseValues) {
 	*rq = Request{
 		ID:                  tr.ID,
 		Start:               tr.Recv.Round(0).UTC(), // UTC: no *Location to keep per record

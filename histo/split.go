@@ -41,28 +41,28 @@ func (s QueueSource) index() int {
 	return len(sources) - 1
 }
 
-// Split is a request's time to first output divided into waiting and
+// split is a request's time to first output divided into waiting and
 // prefill. Queue is all the waiting before prefill began: the proxy's own
 // limiter wait (ProxyQueue) plus the engine's queue, so that
 // Queue + Connect + Prefill ≈ TTFO. Without a limiter ProxyQueue is 0 and
 // Queue is the engine's queue alone. When OK is false (Source is
 // SourceNone) both are unknown and must be reported as null, never 0.
-type Split struct {
+type split struct {
 	Queue   time.Duration
 	Prefill time.Duration
 	Source  QueueSource
 	OK      bool
 }
 
-var noSplit = Split{Source: SourceNone}
+var noSplit = split{Source: SourceNone}
 
-// Split returns tr's queue/prefill split from the engine's evidence (its
+// splitOf returns tr's queue/prefill split from the engine's evidence (its
 // reported timings, its response head once learned), the limiter or the
 // learned prefill rate: the sources that need no timeline. Record also
 // places tr among the requests around it (SourceOccupancy) and reads the
-// engine's load, which Split does not. It reads what was learned but does
+// engine's load, which splitOf does not. It reads what was learned but does
 // not learn from tr. It is safe for concurrent use.
-func (r *Recorder) Split(tr *proxy.Trace) Split {
+func (r *Recorder) splitOf(tr *proxy.Trace) split {
 	if sp, done := evidenceSplit(tr, r.head.slotStart()); done {
 		return sp
 	}
@@ -72,7 +72,7 @@ func (r *Recorder) Split(tr *proxy.Trace) Split {
 // evidenceSplit is the split when the engine reported its queue or its
 // prefill, when its response head is its slot start (headSlotStart, as
 // learned), or when the limiter held tr; done is false when none did.
-func evidenceSplit(tr *proxy.Trace, headSlotStart bool) (Split, bool) {
+func evidenceSplit(tr *proxy.Trace, headSlotStart bool) (split, bool) {
 	pq, _ := tr.ProxyQueue()
 	ttfo, ok := tr.TTFO()
 	// base is the time from the upstream connection being ready to the first
@@ -81,12 +81,12 @@ func evidenceSplit(tr *proxy.Trace, headSlotStart bool) (Split, bool) {
 	switch {
 	case tr.ServerQueue >= 0:
 		if tr.ServerPrefill >= 0 {
-			return Split{Queue: pq + tr.ServerQueue, Prefill: tr.ServerPrefill, Source: SourceServer, OK: true}, true
+			return split{Queue: pq + tr.ServerQueue, Prefill: tr.ServerPrefill, Source: SourceServer, OK: true}, true
 		}
 		if !ok {
 			return noSplit, true
 		}
-		return Split{Queue: pq + tr.ServerQueue, Prefill: max(0, base-tr.ServerQueue), Source: SourceServer, OK: true}, true
+		return split{Queue: pq + tr.ServerQueue, Prefill: max(0, base-tr.ServerQueue), Source: SourceServer, OK: true}, true
 	case !ok:
 		return noSplit, true
 	}
@@ -108,23 +108,23 @@ func evidenceSplit(tr *proxy.Trace, headSlotStart bool) (Split, bool) {
 		return engineSplit(tr, base-tr.ServerPrefill, SourceServerPrefill), true
 	}
 	if tr.Limited {
-		return Split{Queue: pq, Prefill: max(0, base), Source: SourceLimiter, OK: true}, true
+		return split{Queue: pq, Prefill: max(0, base), Source: SourceLimiter, OK: true}, true
 	}
-	return Split{}, false
+	return split{}, false
 }
 
 // engineSplit is tr's split given its engine queue from source.
-func engineSplit(tr *proxy.Trace, engineQueue time.Duration, source QueueSource) Split {
+func engineSplit(tr *proxy.Trace, engineQueue time.Duration, source QueueSource) split {
 	pq, _ := tr.ProxyQueue()
 	ttfo, _ := tr.TTFO()
 	base := ttfo - pq - tr.Connect
 	engineQueue = min(max(0, engineQueue), max(0, base))
-	return Split{Queue: pq + engineQueue, Prefill: max(0, base-engineQueue), Source: source, OK: true}
+	return split{Queue: pq + engineQueue, Prefill: max(0, base-engineQueue), Source: source, OK: true}
 }
 
 // modelSplit is the fallback: the engine queue is what the cold prefill
 // rate leaves of the time to first output.
-func modelSplit(tr *proxy.Trace, rs rates) Split {
+func modelSplit(tr *proxy.Trace, rs rates) split {
 	if _, ok := tr.TTFO(); !ok {
 		return noSplit
 	}
@@ -144,7 +144,7 @@ func modelSplit(tr *proxy.Trace, rs rates) Split {
 // slots; else the rate model. It places tr on the timeline (whatever its
 // source, so that the requests after it see it), learns the head mode from
 // it, and returns where it stood.
-func (r *Recorder) split(tr *proxy.Trace, rs rates) (Split, placement) {
+func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr)}
 	pr.point, pr.floor = prefillPoint(tr, rs)
 	pr.est, pr.haveEst = estimate(tr, rs, false)

@@ -14,34 +14,34 @@ func TestSplitSources(t *testing.T) {
 	tests := []struct {
 		name string
 		edit func(tr *proxy.Trace)
-		want Split
+		want split
 	}{{
 		name: "server reports queue and prefill",
 		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.ServerPrefill = ms2d(100), ms2d(150) },
-		want: Split{Queue: ms2d(100), Prefill: ms2d(150), Source: SourceServer, OK: true},
+		want: split{Queue: ms2d(100), Prefill: ms2d(150), Source: SourceServer, OK: true},
 	}, {
 		name: "server reports queue only: prefill is the rest of TTFO",
 		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.Connect = ms2d(100), ms2d(20) },
-		want: Split{Queue: ms2d(100), Prefill: ms2d(180), Source: SourceServer, OK: true}, // 300 − 20 − 100
+		want: split{Queue: ms2d(100), Prefill: ms2d(180), Source: SourceServer, OK: true}, // 300 − 20 − 100
 	}, {
 		name: "server reports queue 0",
 		edit: func(tr *proxy.Trace) { tr.ServerQueue = 0 },
-		want: Split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServer, OK: true}, // 300 − 1.5
+		want: split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServer, OK: true}, // 300 − 1.5
 	}, {
 		name: "server reports prefill only (llama.cpp timings.prompt_ms): queue is the rest",
 		edit: func(tr *proxy.Trace) { tr.ServerPrefill, tr.Connect = ms2d(150), ms2d(20) },
-		want: Split{Queue: ms2d(130), Prefill: ms2d(150), Source: SourceServerPrefill, OK: true}, // 300 − 20 − 150
+		want: split{Queue: ms2d(130), Prefill: ms2d(150), Source: SourceServerPrefill, OK: true}, // 300 − 20 − 150
 	}, {
 		name: "server prefill longer than the time to first output: no negative queue",
 		edit: func(tr *proxy.Trace) { tr.ServerPrefill = ms2d(400) },
-		want: Split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServerPrefill, OK: true},
+		want: split{Queue: 0, Prefill: ms2d(298.5), Source: SourceServerPrefill, OK: true},
 	}, {
 		name: "server prefill wins over the limiter, whose wait is part of the queue",
 		edit: func(tr *proxy.Trace) {
 			tr.Limited, tr.Admit, tr.FirstOutput = true, at(100), at(400)
 			tr.ServerPrefill = ms2d(200)
 		},
-		want: Split{Queue: ms2d(198.5), Prefill: ms2d(200), Source: SourceServerPrefill, OK: true}, // 100 + (400 − 100 − 1.5 − 200)
+		want: split{Queue: ms2d(198.5), Prefill: ms2d(200), Source: SourceServerPrefill, OK: true}, // 100 + (400 − 100 − 1.5 − 200)
 	}, {
 		name: "server queue without first output or prefill",
 		edit: func(tr *proxy.Trace) { tr.ServerQueue, tr.FirstOutput = ms2d(100), time.Time{} },
@@ -52,14 +52,14 @@ func TestSplitSources(t *testing.T) {
 			tr.Limited, tr.Admit, tr.Connect = true, at(500), ms2d(10)
 			tr.FirstOutput = at(800)
 		},
-		want: Split{Queue: ms2d(500), Prefill: ms2d(290), Source: SourceLimiter, OK: true}, // 800 − 500 − 10
+		want: split{Queue: ms2d(500), Prefill: ms2d(290), Source: SourceLimiter, OK: true}, // 800 − 500 − 10
 	}, {
 		name: "server wins over limiter, and the limiter wait is part of the queue",
 		edit: func(tr *proxy.Trace) {
 			tr.Limited, tr.Admit = true, at(100)
 			tr.ServerQueue, tr.ServerPrefill = ms2d(50), ms2d(120)
 		},
-		want: Split{Queue: ms2d(150), Prefill: ms2d(120), Source: SourceServer, OK: true},
+		want: split{Queue: ms2d(150), Prefill: ms2d(120), Source: SourceServer, OK: true},
 	}, {
 		name: "nothing known and no model yet",
 		edit: func(tr *proxy.Trace) {},
@@ -70,7 +70,7 @@ func TestSplitSources(t *testing.T) {
 			r, _, _ := newTest(t, Config{})
 			tr := chat()
 			tt.edit(&tr)
-			require.Equal(t, tt.want, r.Split(&tr))
+			require.Equal(t, tt.want, r.splitOf(&tr))
 		})
 	}
 }
@@ -90,7 +90,7 @@ func TestSplitModel(t *testing.T) {
 		tr := apart(idle(int64(8000+i*100), 8000))
 		r.Record(&tr)
 	}
-	require.Equal(t, noSplit, r.Split(&loaded), "7 samples are not enough")
+	require.Equal(t, noSplit, r.splitOf(&loaded), "7 samples are not enough")
 	_, n, ok := r.PrefillRate()
 	require.Equal(t, modelMinSamples-1, n)
 	require.False(t, ok)
@@ -112,7 +112,7 @@ func TestSplitModel(t *testing.T) {
 	require.Equal(t, modelMinSamples, n)
 	require.InDelta(t, 8000, rate, 1e-6)
 
-	got := r.Split(&loaded)
+	got := r.splitOf(&loaded)
 	require.Equal(t, SourceModel, got.Source)
 	require.True(t, got.OK)
 	require.InDelta(t, float64(ms2d(2500)), float64(got.Queue), float64(time.Microsecond))
@@ -120,13 +120,13 @@ func TestSplitModel(t *testing.T) {
 
 	fast := loaded
 	fast.FirstOutput = at(300) // faster than the model: no queue, never negative
-	got = r.Split(&fast)
-	require.Equal(t, Split{Queue: 0, Prefill: ms2d(300), Source: SourceModel, OK: true}, got)
+	got = r.splitOf(&fast)
+	require.Equal(t, split{Queue: 0, Prefill: ms2d(300), Source: SourceModel, OK: true}, got)
 
 	// The model is applied to the uncached tokens only.
 	cached := loaded
 	cached.PromptTokens, cached.CachedTokens = 20000, 16000
-	got = r.Split(&cached)
+	got = r.splitOf(&cached)
 	require.InDelta(t, float64(ms2d(2500)), float64(got.Queue), float64(time.Microsecond))
 
 	// Record falls back to the model when the timeline cannot place the
@@ -279,3 +279,21 @@ func TestCostModelRobustToSlowSamples(t *testing.T) {
 		}
 	}
 }
+
+// TestRateModelReadyDespiteSpread: ten equal cold prompts whose prefill
+// spread 2.2 × (ollama at load average 10: 1.9–4.3 s for 1,500 tokens),
+// the slowest first. Judged against the slowest sample, the fast half were
+// refused as cache hits and the model was not ready after all ten; judged
+// against the median, it is ready by the eighth.
+func TestRateModelReadyDespiteSpread(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 1})
+	secs := []float64{4.3, 1.9, 2.0, 3.1, 1.95, 2.2, 2.6, 1.9, 3.4, 2.05}
+	for i, s := range secs {
+		tr := shifted(ptr(idle(1500, 1500/s)), time.Duration(i+1)*10*time.Second)
+		r.Record(&tr)
+	}
+	_, n, ok := r.PrefillRate()
+	require.True(t, ok, "ready: %d samples", n)
+}
+
+func ptr(tr proxy.Trace) *proxy.Trace { return &tr }

@@ -58,7 +58,9 @@ import (
 //     reset, back in the pool. After finish returns the caller must not
 //     touch the relay.
 
-// newRelay is the pool's constructor: a relay with its buffers, reset.
+// newRelay is the pool's constructor: a relay with its parser, reset, and
+// no relay buffer; one that relays a body on a goroutine takes one then
+// and keeps it in the pool (takeBuf, relaybuf.go).
 func (p *Proxy) newRelay() *relay {
 	r := &relay{p: p, parser: sse.NewParser(p.cfg.MaxEventBytes), maxHold: p.cfg.MaxEventBytes}
 	r.cw.gone = r.clientLeft

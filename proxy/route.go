@@ -61,6 +61,22 @@ func (r Route) Protocol() sse.Protocol {
 	return sse.ProtocolUnknown
 }
 
+// Generates reports whether the route carries generation, in a protocol
+// the proxy parses: the requests whose phases mean something. It is the one
+// answer to "is this an inference request"; the other routes are counted,
+// not split.
+func (r Route) Generates() bool { return r.Protocol() != sse.ProtocolUnknown }
+
+// RouteNamed is the route whose String is name, and whether there is one.
+func RouteNamed(name string) (Route, bool) {
+	for _, r := range Routes {
+		if r.String() == name {
+			return r, true
+		}
+	}
+	return RouteOther, false
+}
+
 // routeOf maps a request path (without query) to its Route. A prefix before
 // /v1 is tolerated so that gateways mounting the API under a path still match.
 // llama.cpp serves its native completion protocol at /completion and at

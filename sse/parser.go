@@ -1,6 +1,8 @@
 // Package sse parses text/event-stream as defined by the WHATWG HTML
-// "Server-sent events" section, and classifies the events of OpenAI- and
-// Anthropic-style LLM streams without unmarshalling them.
+// "Server-sent events" section (Parser), splits newline-delimited JSON
+// into lines (Lines: ollama's native streams), and classifies the events
+// of OpenAI-, Anthropic-, llama.cpp- and ollama-style LLM streams without
+// unmarshalling them.
 //
 // Both halves sit on the proxy's hot path. Once a Parser's buffers have grown
 // to the largest event of a stream, parsing and classifying an event allocate

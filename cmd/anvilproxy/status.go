@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/proxy"
 
 	"github.com/anvilproxy/anvilproxy/histo/dist"
 )
@@ -171,14 +172,12 @@ func ratio(part, whole int64) histo.Float {
 	return histo.Float(float64(part) / float64(whole))
 }
 
-// inferenceRoute reports whether a /requests record is of an inference
-// route; the others (models, other, …) have no phases.
+// inferenceRoute reports whether a /requests record is of a route that
+// generates (proxy.Route.Generates); the others (models, other, …) have no
+// phases.
 func inferenceRoute(route string) bool {
-	switch route {
-	case "chat", "completions", "responses", "messages", "llama_completion", "ollama_generate", "ollama_chat":
-		return true
-	}
-	return false
+	r, ok := proxy.RouteNamed(route)
+	return ok && r.Generates()
 }
 
 // nearestRank is the p-th percentile of v by nearest rank (dist.Rank, as

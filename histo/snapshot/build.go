@@ -127,8 +127,10 @@ func timingOf(rq *histo.Request) Timing {
 	t.ContentChunks = histo.Count(rq.ContentChunks)
 	t.EngineCachedTokens = rq.Engine.CachedTokens
 	t.EngineDecodeMs = ms(rq.Engine.Decode)
+	t.EngineLoadMs = ms(rq.Engine.Load)
 	t.EnginePrefillMs = ms(rq.Engine.Prefill)
 	t.EngineQueueMs = ms(rq.Engine.Queue)
+	t.EngineTotalMs = ms(rq.Engine.Total)
 	t.EngineWaitingAtAdmit = rq.Engine.WaitingAtAdmit
 	t.Model = str(rq.Model)
 	t.OutputTokenSource = str(rq.OutputTokenSource)

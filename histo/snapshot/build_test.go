@@ -3,6 +3,7 @@ package snapshot
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -215,4 +216,25 @@ func TestHandlerServesCurrentWindow(t *testing.T) {
 	// Current does not end the window.
 	record(r, 3, 4, 0)
 	require.Len(t, r.Rotate().Requests, 4)
+}
+
+// TestEngineFiguresInTimings: what the engine reported of a request is in
+// its request_timings entry beside the proxy's figures (ollama's four
+// durations here), and null where the engine reported nothing.
+func TestEngineFiguresInTimings(t *testing.T) {
+	r, _ := newRecorder(t, histo.Config{})
+	reported, silent := trace(0), trace(1)
+	reported.ServerPrefill, reported.ServerDecode = ms2d(210), ms2d(1900)
+	reported.ServerTotal, reported.ServerLoad = ms2d(2450.5), ms2d(3.25)
+	silent.ServerDecode, silent.ServerTotal, silent.ServerLoad = -1, -1, -1
+	r.Record(&reported)
+	r.Record(&silent)
+	doc := roundTrip(t, build(t, r.Rotate()))
+	require.Len(t, doc.RequestTimings, 2)
+	got, none := doc.RequestTimings[0], doc.RequestTimings[1]
+	require.Equal(t, []float64{210, 1900, 2450.5, 3.25},
+		[]float64{float64(got.EnginePrefillMs), float64(got.EngineDecodeMs), float64(got.EngineTotalMs), float64(got.EngineLoadMs)})
+	for _, v := range []Num{none.EnginePrefillMs, none.EngineDecodeMs, none.EngineTotalMs, none.EngineLoadMs} {
+		require.True(t, math.IsNaN(float64(v)), "null where the engine said nothing")
+	}
 }

@@ -88,8 +88,10 @@ type Timing struct {
 	EffectivePrefillTokS     Num             `json:"effective_prefill_tok_s"`
 	EngineCachedTokens       histo.Count     `json:"engine_cached_tokens"` // the engine's own figures (histo.EngineFigures), beside the proxy's
 	EngineDecodeMs           Num             `json:"engine_decode_ms"`
+	EngineLoadMs             Num             `json:"engine_load_ms"`
 	EnginePrefillMs          Num             `json:"engine_prefill_ms"`
 	EngineQueueMs            Num             `json:"engine_queue_ms"`
+	EngineTotalMs            Num             `json:"engine_total_ms"`
 	EngineWaitingAtAdmit     histo.Count     `json:"engine_waiting_at_admit"`
 	GenerationMs             Num             `json:"generation_ms"`
 	MeanInterTokenLatencyMs  Num             `json:"mean_inter_token_latency_ms"`
@@ -128,6 +130,7 @@ var addedTimingKeys = [...]string{
 	"queue_ms", "prefill_ms", "queue_source", "cached_tokens", "prefix_reuse", "retry_attempt", "status", "model", "route",
 	"connect_ms", "proxy_queue_ms", "reasoning_ms", "reasoning_tokens", "started_at_unix_ns", "cache_inferred_tokens",
 	"engine_queue_ms", "engine_prefill_ms", "engine_decode_ms", "engine_cached_tokens", "engine_waiting_at_admit",
+	"engine_total_ms", "engine_load_ms",
 }
 
 // unknownTiming is a Timing with every value unknown: what a key absent
@@ -135,7 +138,7 @@ var addedTimingKeys = [...]string{
 func unknownTiming() Timing {
 	return Timing{
 		CacheInferredTokens: -1, CachedTokens: -1, ConnectMs: nan, ContentChunks: -1, DecodeTokS: nan, E2EMs: nan,
-		EffectivePrefillTokS: nan, EngineCachedTokens: -1, EngineDecodeMs: nan, EnginePrefillMs: nan, EngineQueueMs: nan,
+		EffectivePrefillTokS: nan, EngineCachedTokens: -1, EngineDecodeMs: nan, EngineLoadMs: nan, EnginePrefillMs: nan, EngineQueueMs: nan, EngineTotalMs: nan,
 		EngineWaitingAtAdmit: -1, GenerationMs: nan, MeanInterTokenLatencyMs: nan, MeanTimePerOutputTokenMs: nan,
 		OutputTokens: -1, PrefillMs: nan, PrefixReuse: nan, PromptTokens: -1, ProxyQueueMs: nan, QueueMs: nan,
 		ReasoningChunks: -1, ReasoningMs: nan, ReasoningTokens: -1, RetryAttempt: -1, StartedAtUnixNs: -1,

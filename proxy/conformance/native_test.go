@@ -203,8 +203,8 @@ func checkEngineFigures(t *testing.T, rec record, m nativeMetrics) {
 	}
 }
 
-// TestNativeQueueFromDurations: bursts of native chat streams on the
-// one-slot and two-slot engines. Each request's truth is its slot line −
+// TestNativeQueueFromDurations: bursts of native chat streams, three more
+// than the slots, on the engines of 1, 2 and 4 slots. Each request's truth is its slot line −
 // its send; the split (prompt_eval_duration as the prefill: queue is the
 // rest of the upstream time to first output) must hold max(25 ms, 10%)
 // for at least 95% of them, with no hints, where the occupancy split
@@ -212,13 +212,13 @@ func checkEngineFigures(t *testing.T, rec record, m nativeMetrics) {
 // prompt_eval − eval) is logged beside it: what ollama spends outside the
 // runner's batches, queue and its overheads together.
 func TestNativeQueueFromDurations(t *testing.T) {
-	for _, slots := range []int{1, 2} {
+	for _, slots := range []int{1, 2, 4} {
 		t.Run(fmt.Sprintf("parallel%d", slots), func(t *testing.T) {
 			url, logPath := engineWithSlots(t, slots)
 			warmEngine(t, url)
 			st := newStackOn(t, url, histo.Config{})
 			elog := markLog(t, logPath)
-			const n = 4
+			n := slots + 3 // some wait on every engine
 			ss := make([]*sample, n)
 			var wg sync.WaitGroup
 			for i := range n {

@@ -90,7 +90,7 @@
     if (r.status === 429 || r.status === 503) return "refused";
     return "errors";
   }
-  const INFERENCE = new Set(["chat", "completions", "responses", "messages", "llama_completion"]);
+  const INFERENCE = new Set(["chat", "completions", "responses", "messages", "llama_completion", "ollama_generate", "ollama_chat"]);
   const isInference = (r) => INFERENCE.has(r.route);
 
   // countsText is "168 requests, 16 failed (11 abandoned, 5 refused)" over
