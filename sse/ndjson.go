@@ -39,9 +39,10 @@ func NewLines(maxLineBytes int) *Lines {
 	return &Lines{max: maxLineBytes}
 }
 
-// Reset prepares l for a new stream and keeps its buffers.
+// Reset prepares l for a new stream and keeps its buffers, unless a long
+// line grew one beyond 64 KiB (Parser.Reset's rule).
 func (l *Lines) Reset() {
-	*l = Lines{max: l.max, carry: l.carry[:0], line: l.line[:0]}
+	*l = Lines{max: l.max, carry: kept(l.carry), line: kept(l.line)}
 }
 
 // Feed hands l the next piece of the stream, with Parser.Feed's contract:
