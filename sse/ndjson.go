@@ -63,6 +63,28 @@ func (l *Lines) Pending() int {
 	return l.size + len(l.chunk) - l.pos
 }
 
+// Flush ends the stream: it fills ev with a last line no LF ended (JSON
+// Lines allows one) and returns true, or returns false when what is
+// pending is blank or a line dropped as too large. Call it once, when the
+// stream has ended cleanly; a stream cut inside a line keeps it pending.
+func (l *Lines) Flush(ev *Event) bool {
+	if l.pos < len(l.chunk) {
+		_ = l.partial(l.chunk[l.pos:]) // what Next left of the last chunk
+	}
+	line := bytes.TrimSuffix(l.line, []byte("\r"))
+	if l.discard {
+		return false
+	}
+	end := l.base + int64(l.pos)
+	if len(bytes.TrimSpace(line)) == 0 {
+		l.size, l.line = 0, l.line[:0] // trailing blanks: not a cut line
+		return false
+	}
+	*ev = Event{Data: line, Retry: -1, Offset: l.start, Len: int(end - l.start)}
+	l.start, l.size, l.line = end, 0, l.line[:0]
+	return true
+}
+
 // Next fills ev with the next complete line and returns true. It returns
 // false with a nil error when it needs more input, and ErrEventTooLarge
 // once for each line beyond the limit; the caller then calls Next again.
