@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"container/list"
 	"errors"
 	"net"
 	"strconv"
@@ -75,7 +74,7 @@ type guardedListener struct {
 	lastLog  time.Time
 
 	idleMu sync.Mutex
-	idle   list.List // of *countedConn idle between requests, longest idle first
+	idle   idleList // the connections idle between requests, longest idle first
 }
 
 func (l *guardedListener) Accept() (net.Conn, error) {
@@ -121,12 +120,11 @@ func (l *guardedListener) logAcceptError(err error, backoff time.Duration) {
 func (l *guardedListener) markIdle(c *countedConn, idle bool) {
 	l.idleMu.Lock()
 	defer l.idleMu.Unlock()
-	if c.idleAt != nil {
-		l.idle.Remove(c.idleAt)
-		c.idleAt = nil
+	if c.inIdle {
+		l.idle.remove(c)
 	}
 	if idle && !c.closed.Load() {
-		c.idleAt = l.idle.PushBack(c)
+		l.idle.pushBack(c)
 	}
 }
 
@@ -136,18 +134,47 @@ func (l *guardedListener) markIdle(c *countedConn, idle bool) {
 // in the same instant retries it as it would after any keep-alive close.
 func (l *guardedListener) closeIdle() bool {
 	l.idleMu.Lock()
-	e := l.idle.Front()
+	e := l.idle.head
 	if e != nil {
-		l.idle.Remove(e)
-		e.Value.(*countedConn).idleAt = nil
+		l.idle.remove(e)
 	}
 	l.idleMu.Unlock()
 	if e == nil {
 		return false
 	}
 	l.st.IdleClosed.Add(1)
-	_ = e.Value.(*countedConn).Close()
+	_ = e.Close()
 	return true
+}
+
+// idleList is a list of idle connections linked through the connections
+// themselves, so that marking one idle at every request's end allocates
+// nothing (container/list allocates an element each time); guarded by
+// the listener's idleMu.
+type idleList struct{ head, tail *countedConn }
+
+func (l *idleList) pushBack(c *countedConn) {
+	c.idlePrev, c.idleNext, c.inIdle = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.idleNext = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+func (l *idleList) remove(c *countedConn) {
+	if c.idlePrev != nil {
+		c.idlePrev.idleNext = c.idleNext
+	} else {
+		l.head = c.idleNext
+	}
+	if c.idleNext != nil {
+		c.idleNext.idlePrev = c.idlePrev
+	} else {
+		l.tail = c.idlePrev
+	}
+	c.idlePrev, c.idleNext, c.inIdle = nil, nil, false
 }
 
 // refuse answers an excess connection with a 503 and closes it, on a
@@ -176,8 +203,10 @@ type countedConn struct {
 	net.Conn
 	l        *guardedListener
 	closed   atomic.Bool
-	detached atomic.Int32  // Closes still to ignore (detach)
-	idleAt   *list.Element // its place in l.idle while idle; guarded by l.idleMu
+	detached atomic.Int32 // Closes still to ignore (detach)
+	// Its place in l.idle while idle; guarded by l.idleMu.
+	idlePrev, idleNext *countedConn
+	inIdle             bool
 }
 
 // detach makes the next Close a no-op. fasthttp closes a hijacked

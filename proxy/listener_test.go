@@ -70,13 +70,28 @@ func TestClientConnectionCap(t *testing.T) {
 	for _, br := range readers {
 		require.Equal(t, 200, read(br).StatusCode)
 	}
+	idle := func(n int) func() bool {
+		return func() bool {
+			e.ln.idleMu.Lock()
+			defer e.ln.idleMu.Unlock()
+			k := 0
+			for c := e.ln.idle.head; c != nil; c = c.idleNext {
+				k++
+			}
+			return k == n
+		}
+	}
+	// Both idle before held[1] goes on: the server marks a connection idle
+	// after the client may already have its answer, and held[0]'s mark must
+	// not come after held[1]'s next one.
+	require.Eventually(t, idle(2), 5*time.Second, time.Millisecond)
 	send(held[1], "/v1/models") // held[1] is idle since now, held[0] since before
 	require.Equal(t, 200, read(readers[1]).StatusCode)
 	require.Eventually(t, func() bool { // the server marks them idle after the client has its answer
 		e.ln.idleMu.Lock()
 		defer e.ln.idleMu.Unlock()
-		f := e.ln.idle.Front()
-		return e.ln.idle.Len() == 2 && f.Value.(*countedConn).RemoteAddr().String() == held[0].LocalAddr().String()
+		f := e.ln.idle.head
+		return f != nil && f.idleNext == e.ln.idle.tail && f.idleNext != nil && f.RemoteAddr().String() == held[0].LocalAddr().String()
 	}, 5*time.Second, 5*time.Millisecond, "held[0] idle the longest")
 	// Both are idle, held[0] the longest: the next client gets its place.
 	c, br = dial()

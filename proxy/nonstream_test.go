@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"net"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
@@ -27,4 +29,77 @@ func TestStripHopsAllocs(t *testing.T) {
 	require.Empty(t, req.Peek("X-Hop"))
 	require.Empty(t, resp.Peek("X-Hop"))
 	require.Zero(t, allocs, "stripHops allocates")
+}
+
+// TestContentTypeAllocs: deciding whether a response streams, and whether
+// its body is JSON to read usage from, allocates nothing for the bare types
+// engines send; a type with parameters is still parsed whole.
+func TestContentTypeAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for ct, want := range map[string][2]bool{
+		"text/event-stream":                {true, false},
+		" Text/Event-Stream ":              {true, false},
+		"text/event-stream; charset=utf-8": {true, false},
+		"text/event-streamx":               {false, false},
+		"application/json":                 {false, true},
+		"APPLICATION/JSON":                 {false, true},
+		"application/json; charset=utf-8":  {false, true},
+		"application/problem+json":         {false, true},
+		"application/jsonx":                {false, false},
+		"text/plain":                       {false, false},
+	} {
+		require.Equal(t, want, [2]bool{isEventStream([]byte(ct)), isJSON([]byte(ct))}, ct)
+	}
+	sse, js := []byte("text/event-stream"), []byte("application/json")
+	require.Zero(t, testing.AllocsPerRun(100, func() { isEventStream(sse); isEventStream(js); isJSON(js) }))
+}
+
+// TestPeekIdleAllocs: the check of an idle upstream connection at its
+// reuse allocates nothing after the connection's first.
+func TestPeekIdleAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer raw.Close()
+	peer, err := ln.Accept()
+	require.NoError(t, err)
+	defer peer.Close()
+	c := &upConn{Conn: raw, raw: raw}
+	state, _ := c.peekIdle()
+	require.Equal(t, peekQuiet, state)
+	require.Zero(t, testing.AllocsPerRun(100, func() { c.peekIdle() }))
+	_, err = peer.Write([]byte("HTTP/1.1 408 Request Timeout\r\n"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { s, _ := c.peekIdle(); return s == peekData }, 5*time.Second, time.Millisecond)
+	_, n := c.peekIdle()
+	require.True(t, is408(c.peek.b[:n]))
+}
+
+// TestMarkIdleAllocs: marking a client connection idle at every request's
+// end, and busy at the next, allocates nothing.
+func TestMarkIdleAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	l := &guardedListener{}
+	a, b := &countedConn{l: l}, &countedConn{l: l}
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		l.markIdle(a, true)
+		l.markIdle(b, true)
+		l.markIdle(a, false)
+		l.markIdle(a, true)
+	}))
+	require.Same(t, b, l.idle.head)
+	require.Same(t, a, l.idle.tail)
+	l.markIdle(b, false)
+	l.markIdle(a, false)
+	require.Nil(t, l.idle.head)
+	require.Nil(t, l.idle.tail)
 }

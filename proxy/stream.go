@@ -349,9 +349,16 @@ func (r *relay) onEvent(t time.Time) {
 
 // isEventStream reports whether a Content-Type is text/event-stream, with
 // any parameters (charset) allowed, as Go's ReverseProxy decides to flush.
+// The bare type is compared in place: mime.ParseMediaType allocates
+// (its parameter map), and it runs for every response.
 func isEventStream(ct []byte) bool {
-	if !bytes.HasPrefix(bytes.ToLower(bytes.TrimSpace(ct)), []byte("text/event-stream")) {
+	const es = "text/event-stream"
+	t := bytes.TrimSpace(ct)
+	if len(t) < len(es) || !bytes.EqualFold(t[:len(es)], []byte(es)) {
 		return false
+	}
+	if len(t) == len(es) {
+		return true
 	}
 	mt, _, err := mime.ParseMediaType(string(ct))
 	return err == nil && mt == "text/event-stream"
@@ -366,8 +373,12 @@ func isNDJSON(ct []byte) bool {
 		mt == "application/x-jsonlines")
 }
 
-// isJSON reports whether a Content-Type is application/json (or +json).
+// isJSON reports whether a Content-Type is application/json (or +json);
+// the bare type without an allocation, as isEventStream.
 func isJSON(ct []byte) bool {
+	if bytes.EqualFold(bytes.TrimSpace(ct), []byte("application/json")) {
+		return true
+	}
 	mt, _, err := mime.ParseMediaType(string(ct))
 	return err == nil && (mt == "application/json" || bytes.HasSuffix([]byte(mt), []byte("+json")))
 }

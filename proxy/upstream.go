@@ -386,6 +386,7 @@ type upConn struct {
 	spent     bool      // the request was not written whole: never reused
 	readDL    idleDeadline
 	writeDL   idleDeadline
+	peek      idlePeek
 }
 
 // begin readies c for one more request: the facts of the last one are
@@ -438,12 +439,11 @@ func (c *upConn) stale(now time.Time, timeout time.Duration) Redial {
 	if now.Sub(c.idleSince) >= timeout {
 		return RedialIdleTimeout
 	}
-	var b [len("HTTP/1.1 408")]byte
-	switch state, n := peekIdle(c.raw, b[:]); state {
+	switch state, n := c.peekIdle(); state {
 	case peekClosed:
 		return RedialPeerClosed
 	case peekData:
-		if c.tls == nil && is408(b[:n]) {
+		if c.tls == nil && is408(c.peek.b[:n]) {
 			// The engine's idle timer, announced before it closes: Go's
 			// Transport takes it for the server closing an idle
 			// connection too (is408Message, golang.org/issue/32310).
@@ -466,28 +466,44 @@ const (
 	peekData          // bytes are waiting that nobody asked for
 )
 
+// idlePeek is an upstream connection's means to peek at its socket at
+// every reuse without an allocation: the RawConn and the callback are made
+// once, at the first peek, and the bytes land in b. Used by the request
+// that owns the connection.
+type idlePeek struct {
+	rc       syscall.RawConn
+	fn       func(uintptr) bool
+	b        [len("HTTP/1.1 408")]byte
+	state, n int
+}
+
 // peekIdle looks, without waiting and without consuming anything, at
-// whether an idle connection became readable, copying what waits into b.
-// Where the socket cannot be peeked (peekFD off Linux) it reports quiet:
-// the idle timeout and the resend rule are then the only guards.
-func peekIdle(conn net.Conn, b []byte) (state, n int) {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return peekQuiet, 0
+// whether the idle connection became readable, copying what waits into
+// c.peek.b. Where the socket cannot be peeked (peekFD off Linux) it
+// reports quiet: the idle timeout and the resend rule are then the only
+// guards.
+func (c *upConn) peekIdle() (state, n int) {
+	pk := &c.peek
+	if pk.rc == nil {
+		sc, ok := c.raw.(syscall.Conn)
+		if !ok {
+			return peekQuiet, 0
+		}
+		rc, err := sc.SyscallConn()
+		if err != nil {
+			return peekClosed, 0
+		}
+		pk.rc = rc
+		pk.fn = func(fd uintptr) bool {
+			pk.state, pk.n = peekFD(int(fd), pk.b[:])
+			return true // never wait
+		}
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
+	pk.state, pk.n = peekQuiet, 0
+	if pk.rc.Read(pk.fn) != nil {
 		return peekClosed, 0
 	}
-	state = peekQuiet
-	cerr := rc.Read(func(fd uintptr) bool {
-		state, n = peekFD(int(fd), b)
-		return true // never wait
-	})
-	if cerr != nil {
-		return peekClosed, 0
-	}
-	return state, n
+	return pk.state, pk.n
 }
 
 // aLongTimeAgo is a deadline that has passed: a read under it returns what

@@ -159,41 +159,50 @@ func (l *floorLoop) run() {
 	if err != nil {
 		return
 	}
-	n := 0
+	// The events are handled inside the callback, which parks only after
+	// a wait that was not full, as the proxy's loops do: one epoll_wait
+	// per wake.
 	wait := func(fd uintptr) bool {
-		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
-		n = int(r)
-		if errno != 0 {
-			n = 0
+		for {
+			r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, fd, uintptr(unsafe.Pointer(&evs[0])), uintptr(len(evs)), 0, 0, 0)
+			n := int(r)
+			if errno != 0 {
+				n = 0
+			}
+			for i := range evs[:n] {
+				l.handle(&evs[i])
+			}
+			if n < len(evs) {
+				return false
+			}
 		}
-		return n > 0
 	}
-	for {
-		n = 0
-		if rc.Read(wait) != nil {
-			return
-		}
-		for i := range evs[:n] {
-			c := l.lookup(int(evs[i].Fd))
-			if c == nil || c.closed {
-				continue
-			}
-			e := evs[i].Events
-			if e&syscall.EPOLLOUT != 0 && len(c.pending) > 0 {
-				l.flush(c)
-			}
-			if e&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 && !c.blocked {
-				l.pump(c)
-			}
-		}
+	for rc.Read(wait) == nil {
 	}
 }
 
-// pump reads src until the socket is drained, writing each read to its
-// peer; a short write parks the rest and blocks src.
-func (l *floorLoop) pump(src *floorConn) {
+// handle relays what one event announces.
+func (l *floorLoop) handle(ev *syscall.EpollEvent) {
+	c := l.lookup(int(ev.Fd))
+	if c == nil || c.closed {
+		return
+	}
+	e := ev.Events
+	if e&syscall.EPOLLOUT != 0 && len(c.pending) > 0 {
+		l.flush(c)
+	}
+	if e&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 && !c.blocked {
+		l.pump(c, e&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0)
+	}
+}
+
+// pump copies src to its peer until src is drained. A read shorter than
+// the buffer drained it (edge-triggered: the next bytes bring a new
+// event), as the proxy's loops take it, unless drain is set: the peer
+// closed, and the EOF after the bytes brings no new event.
+func (l *floorLoop) pump(src *floorConn, drain bool) {
 	for !src.closed && !src.blocked {
-		n, err := syscall.Read(src.fd, l.buf)
+		n, err := floorIO(syscall.SYS_READ, src.fd, l.buf)
 		if err == syscall.EAGAIN {
 			return
 		}
@@ -213,6 +222,10 @@ func (l *floorLoop) pump(src *floorConn) {
 		if w < n {
 			dst.pending = append(dst.pending[:0], l.buf[w:n]...)
 			src.blocked = true
+			return
+		}
+		if n < len(l.buf) && !drain {
+			return
 		}
 	}
 }
@@ -222,7 +235,7 @@ func (l *floorLoop) pump(src *floorConn) {
 func writeAll(fd int, b []byte) (int, error) {
 	total := 0
 	for total < len(b) {
-		w, err := syscall.Write(fd, b[total:])
+		w, err := floorIO(syscall.SYS_WRITE, fd, b[total:])
 		if err == syscall.EINTR {
 			continue
 		}
@@ -244,7 +257,7 @@ func (l *floorLoop) flush(c *floorConn) {
 	c.pending = c.pending[:copy(c.pending, c.pending[w:])]
 	if len(c.pending) == 0 {
 		c.peer.blocked = false
-		l.pump(c.peer)
+		l.pump(c.peer, true) // no event says what came meanwhile
 	}
 }
 
@@ -260,4 +273,16 @@ func (l *floorLoop) close(c *floorConn) {
 		syscall.Close(x.fd)
 	}
 	l.n.Add(-1)
+}
+
+// floorIO is read(2) or write(2) as raw system calls, as the proxy's loops
+// make them (rawIO, proxy/loop_linux.go): the descriptors are
+// non-blocking, and the runtime's syscall entry would wake sysmon on
+// every call in a quiet process. n is -1 with an error, as syscall.Read's.
+func floorIO(trap uintptr, fd int, b []byte) (int, error) {
+	r, _, errno := syscall.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(r), nil
 }
