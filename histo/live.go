@@ -23,13 +23,19 @@ const liveRing = 256
 
 // liveSlot is one request in flight with its first output seen. Its
 // writer is the request's relay goroutine, its readers Record's placing
-// of other requests: id is written last and read first and last, so a
-// reader takes the stamps of one request or skips the slot.
+// of other requests. A writer claims the slot by swapping id to
+// liveWriting, stores the stamps, then stores id; a reader loads id
+// before and after the stamps, so it takes the stamps of one request or
+// skips the slot. Two writers never share a slot: the one that finds it
+// claimed drops its evidence, as when the ring wraps.
 type liveSlot struct {
-	id            atomic.Uint64 // the request's ID + 1; 0: empty or recorded
+	id            atomic.Uint64 // the request's ID + 1; 0: empty or recorded; liveWriting: being written
 	admit, arrive atomic.Int64  // t_admit and t_admit + connect, ns since liveTable.base
 	first         atomic.Int64  // its first output, ns since liveTable.base
 }
+
+// liveWriting marks a slot a writer has claimed (no request's ID + 1).
+const liveWriting = ^uint64(0)
 
 // liveTable holds the requests in flight whose first output was seen.
 // put and done are lock-free; read runs under occupancy.mu.
@@ -47,8 +53,15 @@ type live struct {
 // put notes tr's first output. It does not allocate.
 func (l *liveTable) put(tr *proxy.Trace) {
 	s := &l.slots[tr.ID%liveRing]
-	if s.id.Swap(0) == 0 {
-		l.n.Add(1)
+	old := s.id.Load()
+	for old == liveWriting || !s.id.CompareAndSwap(old, liveWriting) {
+		if old == liveWriting {
+			return // another request's first output is being written here
+		}
+		old = s.id.Load()
+	}
+	if old == 0 {
+		l.n.Add(1) // an occupied slot overwritten keeps the count
 	}
 	s.admit.Store(int64(tr.Admit.Sub(l.base)))
 	s.arrive.Store(int64(tr.Admit.Add(tr.Connect).Sub(l.base)))
@@ -70,10 +83,10 @@ func (l *liveTable) done(id uint64) {
 func (l *liveTable) read(i int, epoch time.Time, self uint64) (x live, occupied, ok bool) {
 	s := &l.slots[i]
 	id := s.id.Load()
-	if id == 0 {
+	switch id {
+	case 0:
 		return live{}, false, false
-	}
-	if id == self+1 {
+	case liveWriting, self + 1:
 		return live{}, true, false
 	}
 	x = live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load()}

@@ -73,7 +73,8 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // with it, at the same placed start, shares its batch: ollama's waiting
 // requests take their slots together when the batch ends, though a
 // request that arrives a millisecond after another's slot start waits).
-// Only prefills that ended least before e's first output are waited for.
+// Only prefills that ended at least least before e's first output are
+// waited for.
 // It reads the entries the last scan collected. The caller holds o.mu.
 func (o *occupancy) lockEnd(e occEntry, start, least int64) int64 {
 	for range o.nPre {
@@ -101,9 +102,10 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64) int64 {
 // would make its prefill seem to cover theirs).
 func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, haveEst bool) (q time.Duration, lstart int64) {
 	start := e.arrive + int64(queue)
-	// A prefill that ended less than e's own could take before its first
-	// output was not waited for: requests that shared their batches have
-	// their first outputs within milliseconds of each other.
+	// A prefill that ended less than half e's own prefill estimate (less
+	// the slack) before e's first output was not waited for: requests that
+	// shared their batches have their first outputs within milliseconds of
+	// each other.
 	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
 	end := o.lockEnd(e, start, least)
 	o.lock.observe(lockVote(o, e, start, end, point, est, haveEst))

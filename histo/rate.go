@@ -172,11 +172,11 @@ func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
 }
 
 // reference is the time a sample of n new tokens is judged by: the model's
-// once ready, the median sample's per-token time before. The slowest's
-// (until this session) refused cold prompts as hits when the engine's own
-// spread was wide: against ollama at load average 10, ten equal cold
-// prompts took 1.9–4.3 s, the faster ones were refused and the model was
-// not ready after all ten (inferred cache null).
+// once ready, the median sample's per-token time before. Judging by the
+// slowest's would refuse cold prompts as hits when the engine's own spread
+// is wide: against ollama at load average 10, ten equal cold prompts took
+// 1.9–4.3 s; the faster ones were refused and the model was not ready
+// after all ten (inferred cache null).
 func reference(rs rates, n, cached float64) float64 {
 	if rs.ready {
 		return rs.fit.cost(n, cached)

@@ -187,6 +187,9 @@ func (p *Proxy) finish(r *relay) {
 		// chunked terminator (openai-go does, on [DONE]) lost it nothing.
 		tr.ErrSide, tr.ErrKind = SideNone, ErrNone
 	}
+	if r.ndjson && tr.ErrKind == ErrNone && !tr.End.IsZero() && r.lines.Flush(&r.ev) {
+		r.onEvent(tr.End) // a last line the clean end, not an LF, ended
+	}
 	if r.isSSE && r.proto != sse.ProtocolUnknown && !r.sawEnd && tr.ErrKind == ErrNone {
 		tr.Truncated = true // a known protocol ended without its end marker
 	}

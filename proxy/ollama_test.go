@@ -131,6 +131,26 @@ func TestOllamaNativeCutIsTruncated(t *testing.T) {
 	}
 }
 
+// TestOllamaNativeLastLineWithoutLF: JSON Lines lets the last line go
+// without its LF; a whole done object the clean end of the body ended is
+// read as the end, with its usage, not as a cut stream.
+func TestOllamaNativeLastLineWithoutLF(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		ndjsonHeaders(w)
+		_, _ = io.WriteString(w, `{"model":"m","response":"a","done":false}`+"\n"+
+			`{"model":"m","response":"","done":true,"done_reason":"stop","prompt_eval_count":3,"eval_count":2}`)
+	})
+	log := newTraceLog()
+	base, _ := startProxy(t, Config{Upstream: up.URL}, log)
+	resp, _ := protoPost(t, base+"/api/generate", `{"model":"m","prompt":"x"}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	tr := log.next(t)
+	require.False(t, tr.Truncated)
+	require.Equal(t, ErrNone, tr.ErrKind)
+	require.Equal(t, int64(3), tr.PromptTokens)
+	require.Equal(t, 2, tr.Events)
+}
+
 // TestOllamaNativeFlushPerLine: each NDJSON line reaches the client before
 // the engine writes the next, through both relays, chunked or with a
 // Content-Length (a gateway's): the upstream waits for the client to have

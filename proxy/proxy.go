@@ -237,7 +237,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	}
 	tr.ReqBytes = int64(len(r.req.Body()))
 	r.watch(ctx)
-	if tr.Route.Protocol() != sse.ProtocolUnknown {
+	if tr.Route.Generates() {
 		p.beginAttempt(ctx, r)
 	}
 	if p.cfg.InjectUsage && (tr.Route == RouteChat || tr.Route == RouteCompletions) {

@@ -25,7 +25,8 @@ type Recorder interface {
 // flight only through this (a prefill in progress on another slot, the
 // order in which an engine served requests sent together). t is valid only
 // during the call. It must not block or allocate. New type-asserts the
-// Recorder once.
+// Recorder once: a Recorder that wraps another must implement this too and
+// pass it on, or the one it wraps never sees a first output.
 type FirstOutputObserver interface {
 	FirstOutput(t *Trace)
 }

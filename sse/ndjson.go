@@ -39,9 +39,10 @@ func NewLines(maxLineBytes int) *Lines {
 	return &Lines{max: maxLineBytes}
 }
 
-// Reset prepares l for a new stream and keeps its buffers.
+// Reset prepares l for a new stream and keeps its buffers, unless a long
+// line grew one beyond 64 KiB (Parser.Reset's rule).
 func (l *Lines) Reset() {
-	*l = Lines{max: l.max, carry: l.carry[:0], line: l.line[:0]}
+	*l = Lines{max: l.max, carry: kept(l.carry), line: kept(l.line)}
 }
 
 // Feed hands l the next piece of the stream, with Parser.Feed's contract:
@@ -60,6 +61,28 @@ func (l *Lines) Feed(chunk []byte) {
 // cut inside a line. Trailing blank lines are not pending.
 func (l *Lines) Pending() int {
 	return l.size + len(l.chunk) - l.pos
+}
+
+// Flush ends the stream: it fills ev with a last line no LF ended (JSON
+// Lines allows one) and returns true, or returns false when what is
+// pending is blank or a line dropped as too large. Call it once, when the
+// stream has ended cleanly; a stream cut inside a line keeps it pending.
+func (l *Lines) Flush(ev *Event) bool {
+	if l.pos < len(l.chunk) {
+		_ = l.partial(l.chunk[l.pos:]) // what Next left of the last chunk
+	}
+	line := bytes.TrimSuffix(l.line, []byte("\r"))
+	if l.discard {
+		return false
+	}
+	end := l.base + int64(l.pos)
+	if len(bytes.TrimSpace(line)) == 0 {
+		l.size, l.line = 0, l.line[:0] // trailing blanks: not a cut line
+		return false
+	}
+	*ev = Event{Data: line, Retry: -1, Offset: l.start, Len: int(end - l.start)}
+	l.start, l.size, l.line = end, 0, l.line[:0]
+	return true
 }
 
 // Next fills ev with the next complete line and returns true. It returns

@@ -208,3 +208,39 @@ func FuzzLines(f *testing.F) {
 		}
 	})
 }
+
+// TestLinesFlush: a last line without its LF comes out at Flush, with the
+// rest of the stream's range; trailing blanks and a dropped line do not,
+// and after Flush nothing is pending.
+func TestLinesFlush(t *testing.T) {
+	var ev Event
+	l := NewLines(64)
+	l.Feed([]byte("{\"a\":1}\n{\"b\":"))
+	ok, err := l.Next(&ev)
+	require.NoError(t, err)
+	require.True(t, ok)
+	ok, _ = l.Next(&ev)
+	require.False(t, ok)
+	l.Feed([]byte("2}\r"))
+	ok, _ = l.Next(&ev)
+	require.False(t, ok)
+	require.True(t, l.Flush(&ev))
+	require.Equal(t, `{"b":2}`, string(ev.Data))
+	require.Equal(t, int64(8), ev.Offset)
+	require.Equal(t, 8, ev.Len)
+	require.Zero(t, l.Pending())
+
+	blank := NewLines(64)
+	blank.Feed([]byte("{\"a\":1}\n  "))
+	_, _ = blank.Next(&ev)
+	_, _ = blank.Next(&ev)
+	require.False(t, blank.Flush(&ev))
+	require.Zero(t, blank.Pending(), "trailing blanks are no cut line")
+
+	big := NewLines(4)
+	big.Feed([]byte("{\"toolong\":1}"))
+	_, err = big.Next(&ev)
+	require.ErrorIs(t, err, ErrEventTooLarge)
+	require.False(t, big.Flush(&ev))
+	require.NotZero(t, big.Pending(), "a dropped last line is still a cut")
+}

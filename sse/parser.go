@@ -88,18 +88,32 @@ func NewParser(maxEventBytes int) *Parser {
 	return p
 }
 
-// Reset prepares p for a new stream and keeps its buffers.
+// Reset prepares p for a new stream and keeps its buffers, unless one grew
+// beyond keptBytes.
 func (p *Parser) Reset() {
 	*p = Parser{
 		max:   p.max,
 		lf:    -1,
 		retry: -1,
-		carry: p.carry[:0],
-		line:  p.line[:0],
-		data:  p.data[:0],
-		typ:   p.typ[:0],
-		id:    p.id[:0],
+		carry: kept(p.carry),
+		line:  kept(p.line),
+		data:  kept(p.data),
+		typ:   kept(p.typ),
+		id:    kept(p.id),
 	}
+}
+
+// keptBytes bounds a buffer Reset keeps: one long event may grow a buffer
+// to the limit (1 MiB by default), and a pooled parser should not pin that
+// for the next stream, whose events are likely short.
+const keptBytes = 64 << 10
+
+// kept is b emptied for reuse, or nil when it grew beyond keptBytes.
+func kept(b []byte) []byte {
+	if cap(b) > keptBytes {
+		return nil
+	}
+	return b[:0]
 }
 
 // Feed hands p the next piece of the stream. p keeps a reference to chunk

@@ -244,7 +244,7 @@ func startStack(f *serveFlags, log *zap.Logger) (_ *stack, err error) {
 		return nil, err
 	}
 	st.health = newUpstreamHealth(redacted(cfg.Upstream), f.probeEvery, log)
-	st.tap = &tap{next: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(up.Prefix)}
+	st.tap = &tap{next: st.rec, first: st.rec, health: st.health, log: log, upstream: redacted(cfg.Upstream), v1: endsInV1(up.Prefix)}
 	if st.proxy, err = proxy.New(cfg, log, st.tap); err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/anvilproxy/anvilproxy/histo/snapshot"
+	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
 
@@ -110,4 +111,27 @@ func TestSnapshotDiskGone(t *testing.T) {
 	}
 	require.Zero(t, st.counter(t, "anvilproxy_snapshots_written_total"))
 	require.NoError(t, st.snaps.Close(context.Background()))
+}
+
+// firstOutputs counts the first outputs passed to it.
+type firstOutputs struct{ ids []uint64 }
+
+func (f *firstOutputs) FirstOutput(tr *proxy.Trace) { f.ids = append(f.ids, tr.ID) }
+
+// TestServeForwardsFirstOutputs: serve's proxy is given the tap, so the tap
+// must be the proxy's FirstOutputObserver (proxy.New asks once) and hand
+// each first output to the histo Recorder behind it; without that the
+// split sees requests in flight only when they end (docs/queue-split.md).
+func TestServeForwardsFirstOutputs(t *testing.T) {
+	st := startTestStack(t, snapshot.Config{})
+	require.Same(t, st.rec, st.tap.first, "serve wires the Recorder's live hook through the tap")
+
+	var seen firstOutputs
+	tp := &tap{next: proxy.NopRecorder{}, first: &seen}
+	var rec proxy.Recorder = tp
+	obs, ok := rec.(proxy.FirstOutputObserver)
+	require.True(t, ok)
+	obs.FirstOutput(&proxy.Trace{ID: 7})
+	require.Equal(t, []uint64{7}, seen.ids)
+	(&tap{next: proxy.NopRecorder{}}).FirstOutput(&proxy.Trace{ID: 8}) // nothing behind it: no panic
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/proxy"
-	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 // tap sits between the proxy and the Recorder and sees every Trace on its
@@ -16,10 +15,11 @@ import (
 // table (/status), feeds the upstream's reachability from the traffic
 // (upstream_probe.go), and explains a 404 from an upstream whose URL ends
 // in /v1. Record is called concurrently by the proxy; tap's state is
-// atomic or behind upstreamHealth's lock. ObserveRelay and ObserveGap pass
-// straight through and do not allocate.
+// atomic or behind upstreamHealth's lock. ObserveRelay, ObserveGap and
+// FirstOutput pass straight through and do not allocate.
 type tap struct {
 	next     proxy.Recorder
+	first    proxy.FirstOutputObserver // next's live first outputs, or nil: set at construction
 	health   *upstreamHealth
 	log      *zap.Logger
 	upstream string
@@ -39,7 +39,7 @@ const hintEvery = time.Minute
 
 func (t *tap) Record(tr *proxy.Trace) {
 	t.observeUpstream(tr)
-	if tr.Route.Protocol() != sse.ProtocolUnknown { // inference, as histo counts it
+	if tr.Route.Generates() { // inference, as histo counts it
 		t.outcomes.add(tr)
 	}
 	if tr.Status == 404 && t.v1 && !tr.Headers.IsZero() {
@@ -50,6 +50,17 @@ func (t *tap) Record(tr *proxy.Trace) {
 
 func (t *tap) ObserveRelay(d time.Duration) { t.next.ObserveRelay(d) }
 func (t *tap) ObserveGap(d time.Duration)   { t.next.ObserveGap(d) }
+
+// FirstOutput passes the proxy's live first outputs on: the proxy asks its
+// Recorder, the tap, once, so without this the split behind it would see
+// requests in flight only when they end.
+func (t *tap) FirstOutput(tr *proxy.Trace) {
+	if t.first != nil {
+		t.first.FirstOutput(tr)
+	}
+}
+
+var _ proxy.FirstOutputObserver = (*tap)(nil)
 
 // observeUpstream turns the trace into reachability evidence: response
 // headers from the upstream prove it reachable, a failed dial proves it not.

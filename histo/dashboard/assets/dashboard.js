@@ -90,6 +90,7 @@
     if (r.status === 429 || r.status === 503) return "refused";
     return "errors";
   }
+  // The routes that generate: proxy.Route.Generates (routes_test.go holds them equal).
   const INFERENCE = new Set(["chat", "completions", "responses", "messages", "llama_completion", "ollama_generate", "ollama_chat"]);
   const isInference = (r) => INFERENCE.has(r.route);
 
