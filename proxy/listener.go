@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/anvilproxy/anvilproxy/proxy/lru"
 )
 
 // Accept back-off bounds: the same as net/http's Server.
@@ -74,7 +76,7 @@ type guardedListener struct {
 	lastLog  time.Time
 
 	idleMu sync.Mutex
-	idle   idleList // the connections idle between requests, longest idle first
+	idle   lru.List[countedConn, *countedConn] // the connections idle between requests; Oldest has been idle the longest
 }
 
 func (l *guardedListener) Accept() (net.Conn, error) {
@@ -120,11 +122,10 @@ func (l *guardedListener) logAcceptError(err error, backoff time.Duration) {
 func (l *guardedListener) markIdle(c *countedConn, idle bool) {
 	l.idleMu.Lock()
 	defer l.idleMu.Unlock()
-	if c.inIdle {
-		l.idle.remove(c)
-	}
 	if idle && !c.closed.Load() {
-		l.idle.pushBack(c)
+		l.idle.Touch(c)
+	} else {
+		l.idle.Remove(c)
 	}
 }
 
@@ -134,9 +135,9 @@ func (l *guardedListener) markIdle(c *countedConn, idle bool) {
 // in the same instant retries it as it would after any keep-alive close.
 func (l *guardedListener) closeIdle() bool {
 	l.idleMu.Lock()
-	e := l.idle.head
+	e := l.idle.Oldest()
 	if e != nil {
-		l.idle.remove(e)
+		l.idle.Remove(e)
 	}
 	l.idleMu.Unlock()
 	if e == nil {
@@ -145,36 +146,6 @@ func (l *guardedListener) closeIdle() bool {
 	l.st.IdleClosed.Add(1)
 	_ = e.Close()
 	return true
-}
-
-// idleList is a list of idle connections linked through the connections
-// themselves, so that marking one idle at every request's end allocates
-// nothing (container/list allocates an element each time); guarded by
-// the listener's idleMu.
-type idleList struct{ head, tail *countedConn }
-
-func (l *idleList) pushBack(c *countedConn) {
-	c.idlePrev, c.idleNext, c.inIdle = l.tail, nil, true
-	if l.tail != nil {
-		l.tail.idleNext = c
-	} else {
-		l.head = c
-	}
-	l.tail = c
-}
-
-func (l *idleList) remove(c *countedConn) {
-	if c.idlePrev != nil {
-		c.idlePrev.idleNext = c.idleNext
-	} else {
-		l.head = c.idleNext
-	}
-	if c.idleNext != nil {
-		c.idleNext.idlePrev = c.idlePrev
-	} else {
-		l.tail = c.idlePrev
-	}
-	c.idlePrev, c.idleNext, c.inIdle = nil, nil, false
 }
 
 // refuse answers an excess connection with a 503 and closes it, on a
@@ -201,12 +172,10 @@ func (l *guardedListener) refuse(c net.Conn) {
 // it is closed.
 type countedConn struct {
 	net.Conn
-	l        *guardedListener
-	closed   atomic.Bool
-	detached atomic.Int32 // Closes still to ignore (detach)
-	// Its place in l.idle while idle; guarded by l.idleMu.
-	idlePrev, idleNext *countedConn
-	inIdle             bool
+	l                      *guardedListener
+	closed                 atomic.Bool
+	detached               atomic.Int32 // Closes still to ignore (detach)
+	lru.Links[countedConn]              // its place in l.idle while idle; guarded by l.idleMu
 }
 
 // detach makes the next Close a no-op. fasthttp closes a hijacked

@@ -74,11 +74,7 @@ func TestClientConnectionCap(t *testing.T) {
 		return func() bool {
 			e.ln.idleMu.Lock()
 			defer e.ln.idleMu.Unlock()
-			k := 0
-			for c := e.ln.idle.head; c != nil; c = c.idleNext {
-				k++
-			}
-			return k == n
+			return e.ln.idle.Len() == n
 		}
 	}
 	// Both idle before held[1] goes on: the server marks a connection idle
@@ -90,8 +86,8 @@ func TestClientConnectionCap(t *testing.T) {
 	require.Eventually(t, func() bool { // the server marks them idle after the client has its answer
 		e.ln.idleMu.Lock()
 		defer e.ln.idleMu.Unlock()
-		f := e.ln.idle.head
-		return f != nil && f.idleNext == e.ln.idle.tail && f.idleNext != nil && f.RemoteAddr().String() == held[0].LocalAddr().String()
+		f := e.ln.idle.Oldest()
+		return e.ln.idle.Len() == 2 && f.RemoteAddr().String() == held[0].LocalAddr().String()
 	}, 5*time.Second, 5*time.Millisecond, "held[0] idle the longest")
 	// Both are idle, held[0] the longest: the next client gets its place.
 	c, br = dial()

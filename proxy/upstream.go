@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/anvilproxy/anvilproxy/proxy/lru"
 )
 
 // upstreamBufSize is the size of an upstream connection's read buffer and
@@ -45,8 +47,8 @@ type pool struct {
 	sem   chan struct{} // one token per connection in use: bounds busy connections
 
 	mu      sync.Mutex
-	idle    map[net.Conn]*upConn // by the client connection each is bound to
-	lru     connList             // the idle connections, least recently used first
+	idle    map[net.Conn]*upConn      // by the client connection each is bound to
+	lru     lru.List[upConn, *upConn] // the idle connections; Oldest is the least recently used
 	busy    map[*upConn]struct{}
 	reaping bool // a reap is scheduled
 	closed  bool // abortAll ran: idle connections are no longer kept
@@ -124,7 +126,7 @@ func (p *pool) takeIdle(client net.Conn) *upConn {
 
 func (p *pool) unidleLocked(c *upConn) {
 	delete(p.idle, c.client)
-	p.lru.remove(c)
+	p.lru.Remove(c)
 }
 
 // makeRoom closes the least recently used idle connection when the open
@@ -134,7 +136,7 @@ func (p *pool) makeRoom() {
 	p.mu.Lock()
 	var victim *upConn
 	if len(p.busy)+len(p.idle) >= p.cfg.MaxUpstreamConns {
-		victim = p.lru.front()
+		victim = p.lru.Oldest()
 		if victim != nil {
 			p.unidleLocked(victim)
 		}
@@ -183,7 +185,7 @@ func (p *pool) put(c *upConn, reusable bool) {
 		}
 		c.idleSince = time.Now()
 		p.idle[c.client] = c
-		p.lru.pushBack(c)
+		p.lru.Touch(c)
 		if !p.reaping {
 			p.reaping = true
 			time.AfterFunc(p.cfg.UpstreamIdleTimeout, p.reap)
@@ -230,11 +232,11 @@ func (p *pool) reap() {
 	timeout := p.cfg.UpstreamIdleTimeout
 	var expired []*upConn
 	p.mu.Lock()
-	for c := p.lru.front(); c != nil && now.Sub(c.idleSince) >= timeout; c = p.lru.front() {
+	for c := p.lru.Oldest(); c != nil && now.Sub(c.idleSince) >= timeout; c = p.lru.Oldest() {
 		p.unidleLocked(c)
 		expired = append(expired, c)
 	}
-	oldest := p.lru.front()
+	oldest := p.lru.Oldest()
 	p.reaping = oldest != nil
 	if p.reaping {
 		time.AfterFunc(timeout-now.Sub(oldest.idleSince), p.reap)
@@ -251,7 +253,7 @@ func (p *pool) abortAll() {
 	p.mu.Lock()
 	p.closed = true
 	conns := make([]*upConn, 0, len(p.idle)+len(p.busy))
-	for c := p.lru.front(); c != nil; c = p.lru.front() {
+	for c := p.lru.Oldest(); c != nil; c = p.lru.Oldest() {
 		p.unidleLocked(c)
 		conns = append(conns, c)
 	}
@@ -262,36 +264,6 @@ func (p *pool) abortAll() {
 	for _, c := range conns {
 		_ = c.Close()
 	}
-}
-
-// connList is a list of idle connections in the order they went idle,
-// linked through the connections themselves; the pool's mutex guards it.
-type connList struct{ head, tail *upConn }
-
-func (l *connList) front() *upConn { return l.head }
-
-func (l *connList) pushBack(c *upConn) {
-	c.prev, c.next = l.tail, nil
-	if l.tail != nil {
-		l.tail.next = c
-	} else {
-		l.head = c
-	}
-	l.tail = c
-}
-
-func (l *connList) remove(c *upConn) {
-	if c.prev != nil {
-		c.prev.next = c.next
-	} else {
-		l.head = c.next
-	}
-	if c.next != nil {
-		c.next.prev = c.prev
-	} else {
-		l.tail = c.prev
-	}
-	c.prev, c.next = nil, nil
 }
 
 // dialError marks an error as having happened while connecting, so that it
@@ -369,24 +341,23 @@ func (c *upConn) buffered() int {
 // client watcher, shutdown, clientGone).
 type upConn struct {
 	net.Conn
-	raw       net.Conn      // the TCP connection, under TLS too: for the idle peek and the reset check
-	tls       *tls.Conn     // the TLS layer of an https upstream, or nil
-	rec       *recordConn   // the record boundaries under tls, or nil
-	br        *bufio.Reader // lent per exchange (readers); nil while idle or in a loop
-	idle      time.Duration
-	dialTook  time.Duration
-	client    net.Conn // the client connection it is bound to (see pool); nil: never kept
-	idleSince time.Time
-	prev      *upConn // the pool's idle list; owned by the pool
-	next      *upConn
-	uses      int       // requests begun on it; owned by the request holding it
-	read      int64     // bytes read since the current request began
-	readErr   error     // the current request's first read error, as the socket gave it
-	lastWrite time.Time // when the current request's write ended (or failed); zero before
-	spent     bool      // the request was not written whole: never reused
-	readDL    idleDeadline
-	writeDL   idleDeadline
-	peek      idlePeek
+	raw               net.Conn      // the TCP connection, under TLS too: for the idle peek and the reset check
+	tls               *tls.Conn     // the TLS layer of an https upstream, or nil
+	rec               *recordConn   // the record boundaries under tls, or nil
+	br                *bufio.Reader // lent per exchange (readers); nil while idle or in a loop
+	idle              time.Duration
+	dialTook          time.Duration
+	client            net.Conn // the client connection it is bound to (see pool); nil: never kept
+	idleSince         time.Time
+	lru.Links[upConn]           // its place in the pool's idle list; owned by the pool
+	uses              int       // requests begun on it; owned by the request holding it
+	read              int64     // bytes read since the current request began
+	readErr           error     // the current request's first read error, as the socket gave it
+	lastWrite         time.Time // when the current request's write ended (or failed); zero before
+	spent             bool      // the request was not written whole: never reused
+	readDL            idleDeadline
+	writeDL           idleDeadline
+	peek              idlePeek
 }
 
 // begin readies c for one more request: the facts of the last one are

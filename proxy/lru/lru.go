@@ -1,8 +1,9 @@
 // Package lru keeps elements in least-recently-used order with links the
 // elements carry themselves, so that a cache of structs needs neither a
 // second allocation per element (as container/list's Element) nor its own
-// copy of the list code. The prompt-prefix index (proxy/prefix) and the
-// conversation table (histo) use it. The retry tracker's table
+// copy of the list code. The prompt-prefix index (proxy/prefix), the
+// conversation table (histo), the upstream pool's idle connections and the
+// listener's idle client connections (proxy) use it. The retry tracker's table
 // (proxy/retry) does not: it keeps its order in pointer-free index links
 // so that the garbage collector never scans it.
 //
