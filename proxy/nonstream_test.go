@@ -52,8 +52,14 @@ func TestContentTypeAllocs(t *testing.T) {
 	} {
 		require.Equal(t, want, [2]bool{isEventStream([]byte(ct)), isJSON([]byte(ct))}, ct)
 	}
-	sse, js := []byte("text/event-stream"), []byte("application/json")
-	require.Zero(t, testing.AllocsPerRun(100, func() { isEventStream(sse); isEventStream(js); isJSON(js) }))
+	for ct, want := range map[string]bool{
+		"application/x-ndjson": true, " Application/X-NDJSON ": true, "application/x-ndjson; charset=utf-8": true,
+		"application/jsonl": true, "application/x-ndjsonx": false, "application/json": false,
+	} {
+		require.Equal(t, want, isNDJSON([]byte(ct)), ct)
+	}
+	sse, js, nd := []byte("text/event-stream"), []byte("application/json"), []byte("application/x-ndjson")
+	require.Zero(t, testing.AllocsPerRun(100, func() { isEventStream(sse); isEventStream(js); isJSON(js); isNDJSON(nd) }))
 }
 
 // TestPeekIdleAllocs: the check of an idle upstream connection at its

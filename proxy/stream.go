@@ -366,8 +366,12 @@ func isEventStream(ct []byte) bool {
 
 // isNDJSON reports whether a Content-Type is newline-delimited JSON, as
 // ollama streams its native routes (application/x-ndjson; also the
-// application/jsonl and application/x-jsonlines spellings).
+// application/jsonl and application/x-jsonlines spellings); ollama's own
+// bare type without an allocation, as isEventStream.
 func isNDJSON(ct []byte) bool {
+	if bytes.EqualFold(bytes.TrimSpace(ct), []byte("application/x-ndjson")) {
+		return true
+	}
 	mt, _, err := mime.ParseMediaType(string(ct))
 	return err == nil && (mt == "application/x-ndjson" || mt == "application/ndjson" || mt == "application/jsonl" ||
 		mt == "application/x-jsonlines")
