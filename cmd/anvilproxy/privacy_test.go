@@ -58,6 +58,28 @@ func canaryUpstream(t *testing.T, completion string) string {
 			}
 			events = []string{fmt.Sprintf("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":%q}}", completion),
 				"event: message_stop\ndata: {\"type\":\"message_stop\"}"}
+		case "/api/generate", "/api/chat": // ollama's native routes: NDJSON, one object when not streamed
+			text := fmt.Sprintf(`"response":%q`, completion)
+			if r.URL.Path == "/api/chat" {
+				text = fmt.Sprintf(`"message":{"role":"assistant","content":%q}`, completion)
+			}
+			done := `{"model":"m","done":true,"done_reason":"stop","prompt_eval_count":12,"eval_count":3,"total_duration":5000000,"prompt_eval_duration":1000000,"eval_duration":3000000}`
+			if !stream {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"model":"m",%s,"done":true,"prompt_eval_count":12,"eval_count":3}`, text)
+				return
+			}
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			fmt.Fprintf(w, "{\"model\":\"m\",%s,\"done\":false}\n", text)
+			w.(http.Flusher).Flush()
+			fmt.Fprintf(w, "%s\n", done)
+			return
+		case "/completion": // llama.cpp's native route
+			if !stream {
+				fmt.Fprintf(w, `{"content":%q,"stop":true,"tokens_evaluated":12,"tokens_predicted":3}`, completion)
+				return
+			}
+			events = []string{fmt.Sprintf(`data: {"content":%q,"stop":false}`, completion), `data: {"content":"","stop":true,"tokens_evaluated":12,"tokens_predicted":3}`}
 		case "/v1/models":
 			fmt.Fprintf(w, `{"data":[{"id":"m","owned_by":%q}]}`, completion)
 			return
@@ -139,7 +161,8 @@ func TestNoSecretsOrContentAnywhere(t *testing.T) {
 	chat := func(stream bool) string {
 		return fmt.Sprintf(`{"model":"m","stream":%v,"messages":[{"role":"user","content":%q}],"prompt":%q,"input":%q}`, stream, prompt, prompt, prompt)
 	}
-	for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v2/unknown"} {
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/completion",
+		"/api/generate", "/api/chat", "/v2/unknown"} {
 		for _, stream := range []bool{false, true} {
 			code, got := do(s.proxyURL, "POST", path, chat(stream))
 			sent++
