@@ -19,15 +19,21 @@ import (
 
 // TestOllamaNativeSplit: the sim as ollama with 1 and 3 slots (its
 // prefill lock and its slot freed at the stream's end), bursts of its
-// native /api/chat and /api/generate streams through a proxy given no
-// hint. ollama's own prompt_eval_duration is the split's prefill
-// (queue_source server_prefill) with no timeline needed, so every request
-// is within max(25 ms, 10%) of the engine's truth; the engine's figures
-// in /requests are its durations.
+// native /api/chat and /api/generate requests, streamed and "stream":
+// false, through a proxy given no hint. ollama's own prompt_eval_duration
+// is the split's prefill (queue_source server_prefill) with no timeline
+// needed, so every request is within max(25 ms, 10%) of the engine's
+// truth; the engine's figures in /requests are its durations. A whole
+// answer has no first output: its queue is total − prompt_eval − eval
+// (wholeSplit), its TTFO stays null.
 func TestOllamaNativeSplit(t *testing.T) {
 	skipInaccurate(t)
-	for _, slots := range []int{1, 3} {
-		t.Run(fmt.Sprintf("slots%d", slots), func(t *testing.T) {
+	for _, tc := range []struct {
+		slots int
+		whole bool
+	}{{1, false}, {3, false}, {1, true}, {3, true}} {
+		slots := tc.slots
+		t.Run(fmt.Sprintf("slots%d/whole=%v", slots, tc.whole), func(t *testing.T) {
 			s, up := simServer(t, sim.Config{Engine: sim.EngineOllama, Slots: slots, PrefillTokensPerSec: 20000,
 				DecodeTokensPerSec: 400, TokensPerEvent: 1, ExactLength: true, Seed: 1})
 			st := newStack(t, up, proxy.Config{}, histo.Config{})
@@ -35,7 +41,7 @@ func TestOllamaNativeSplit(t *testing.T) {
 			before := enqueued(s)
 			var wg sync.WaitGroup
 			for i := range n {
-				path, body := nativeRequest(i)
+				path, body := nativeRequest(i, tc.whole)
 				wg.Go(func() { postNative(t, st.base+path, fmt.Sprintf("native-%d", i), body) })
 				waitEnqueued(t, s, before+int64(i))
 			}
@@ -47,6 +53,9 @@ func TestOllamaNativeSplit(t *testing.T) {
 				rq := (&accStack{stack: st, sim: s}).record(t, 20+3*i+1) // eval_count: the answer and its end-of-sequence step
 				require.Equal(t, histo.SourceServerPrefill, rq.QueueSource, id)
 				require.False(t, rq.Failed, id)
+				require.Equal(t, !tc.whole, rq.Stream, id)
+				require.Equal(t, !tc.whole, rq.TTFO.Known(), id)
+				require.InDelta(t, rq.Engine.Prefill.Millis(), rq.Prefill.Millis(), 0.001, "the split's prefill is prompt_eval_duration")
 				require.True(t, rq.Engine.Prefill.Known() && rq.Engine.Decode.Known() && rq.Engine.Total.Known(), id)
 				require.InDelta(t, truth.FirstToken.Sub(truth.Admitted).Seconds()*1e3, rq.Engine.Prefill.Millis(), 0.01, id)
 				diff := time.Duration(rq.Queue) - truth.Queue
@@ -59,18 +68,18 @@ func TestOllamaNativeSplit(t *testing.T) {
 }
 
 // nativeRequest is the i-th request of a native burst: a cold prompt of
-// its own length, alternately /api/chat and /api/generate; it answers
-// 20+3i tokens (postNative), its key in the records.
-func nativeRequest(i int) (path, body string) {
+// its own length, alternately /api/chat and /api/generate, streamed or
+// whole; it answers 20+3i tokens (postNative), its key in the records.
+func nativeRequest(i int, whole bool) (path, body string) {
 	prompt := coldPrompt(fmt.Sprintf("native-%d", i), 400+200*i)[0]["content"]
 	var b []byte
 	if i%2 == 0 {
 		path = "/api/chat"
-		b, _ = json.Marshal(map[string]any{"model": "m",
+		b, _ = json.Marshal(map[string]any{"model": "m", "stream": !whole,
 			"messages": []map[string]string{{"role": "user", "content": prompt}}})
 	} else {
 		path = "/api/generate"
-		b, _ = json.Marshal(map[string]any{"model": "m", "prompt": prompt})
+		b, _ = json.Marshal(map[string]any{"model": "m", "stream": !whole, "prompt": prompt})
 	}
 	return path, string(b)
 }

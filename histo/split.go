@@ -88,6 +88,9 @@ func evidenceSplit(tr *proxy.Trace, headSlotStart bool) (split, bool) {
 		}
 		return split{Queue: pq + tr.ServerQueue, Prefill: max(0, base-tr.ServerQueue), Source: SourceServer, OK: true}, true
 	case !ok:
+		if sp, whole := wholeSplit(tr); whole {
+			return sp, true
+		}
 		return noSplit, true
 	}
 	if headSlotStart {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/sse"
 )
 
 func ndjsonHeaders(w http.ResponseWriter) {
@@ -221,4 +223,44 @@ func TestOllamaRoutes(t *testing.T) {
 	require.Equal(t, "ollama_generate", RouteOllamaGenerate.String())
 	require.Equal(t, "ollama_chat", RouteOllamaChat.String())
 	require.Len(t, Routes, len(routeNames))
+}
+
+// TestOllamaNativeLongContext: /api/generate's done line after ~200k
+// tokens of conversation carries 1.3 MiB of token ids ("context") before
+// its counts and durations, over the 1 MiB line limit. The relay sends it
+// unchanged; the framing leaves the ids out of what it reads (sse.Lines),
+// so the stream ends at its done line with ollama's figures, not
+// truncated, through both relays.
+func TestOllamaNativeLongContext(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:45Z","response":"a","done":false}` + "\n")
+	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:46Z","response":"","done":true,"done_reason":"stop","context":[`)
+	for i := range 200_000 {
+		fmt.Fprintf(&b, "%d,", 100000+i%28000)
+	}
+	b.WriteString(`13],"total_duration":912345678,"load_duration":1234567,"prompt_eval_count":200000,"prompt_eval_duration":345678901,"eval_count":2,"eval_duration":512345678}` + "\n")
+	stream := []byte(b.String())
+	require.Greater(t, len(stream), sse.DefaultMaxEventBytes)
+	for _, mode := range relayModes {
+		t.Run(mode.name, func(t *testing.T) {
+			up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				ndjsonHeaders(w)
+				_, _ = w.Write(stream)
+			})
+			log := newTraceLog()
+			base, _ := startProxy(t, Config{Upstream: up.URL, EventLoop: mode.loop}, log)
+			resp, body := protoPost(t, base+"/api/generate", `{"model":"m","prompt":"x"}`)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.Equal(t, stream, body, "relayed unchanged")
+			tr := log.next(t)
+			require.False(t, tr.Truncated, "ended by its done line")
+			require.False(t, tr.Failed())
+			require.Zero(t, tr.ParseErrors)
+			require.Equal(t, 2, tr.Events)
+			require.EqualValues(t, 200000, tr.PromptTokens)
+			require.EqualValues(t, 2, tr.CompletionTokens)
+			require.Equal(t, time.Duration(345678901), tr.ServerPrefill)
+			require.Equal(t, time.Duration(912345678), tr.ServerTotal)
+		})
+	}
 }

@@ -2,6 +2,7 @@ package sse
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,13 +172,18 @@ func TestOllamaRecordedStreams(t *testing.T) {
 }
 
 // FuzzLines holds Lines, fed in pieces, to a plain split of the whole
-// input on LF: the same lines, the same drops of lines beyond the limit,
-// the same pending tail.
+// input on LF, each line over the limit squeezed byte by byte
+// (squeezeRef): the same lines, the same drops, the same pending tail;
+// every squeezed line is its received line with the contents of some
+// arrays of numbers left out, within the limit.
 func FuzzLines(f *testing.F) {
 	for _, b := range ndjsonFiles(f) {
 		f.Add(b, uint8(7))
 	}
 	f.Add([]byte("a\r\n\n  \nbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb\nc"), uint8(3))
+	f.Add([]byte(`{"done":true,"context":[`+strings.Repeat("123,", 40)+`9],"eval_count":2}`+"\n"), uint8(5))
+	f.Add([]byte(`{"a":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25],"b":"`+strings.Repeat("x", 40)+`"}`+"\n"), uint8(9))
+	f.Add([]byte(`{"a":["`+strings.Repeat("1,", 40)+`"],"b":1}`+"\n"), uint8(2))
 	f.Fuzz(func(t *testing.T, in []byte, piece uint8) {
 		const limit = 64
 		n := int(piece%32) + 1
@@ -185,16 +191,25 @@ func FuzzLines(f *testing.F) {
 		drops := 0
 		parts := bytes.Split(in, []byte("\n"))
 		for _, p := range parts[:len(parts)-1] {
-			switch {
-			case len(p) > limit:
+			line, ok := p, true
+			if len(p) > limit {
+				var dropped, inArray bool
+				line, dropped, inArray = squeezeRef(p, limit)
+				ok = !dropped && !inArray
+				if ok {
+					require.True(t, squeezedFrom(line, p), "%q from %q", line, p)
+				}
+			}
+			switch line = bytes.TrimSuffix(line, []byte("\r")); {
+			case !ok:
 				drops++
-			case len(bytes.TrimSpace(bytes.TrimSuffix(p, []byte("\r")))) > 0:
-				want = append(want, string(bytes.TrimSuffix(p, []byte("\r"))))
+			case len(bytes.TrimSpace(line)) > 0:
+				want = append(want, string(line))
 			}
 		}
 		tail := parts[len(parts)-1]
-		if len(tail) > limit {
-			drops++
+		if _, dropped, _ := squeezeRef(tail, limit); dropped {
+			drops++ // dropped before its end; one inside an array is not yet
 		}
 		l := NewLines(limit)
 		got, ranges, tooLarge := splitLines(t, l, in, n)
@@ -207,6 +222,170 @@ func FuzzLines(f *testing.F) {
 			off += r[1]
 		}
 	})
+}
+
+// squeezeRef is Lines' rule for a line over the limit, applied one byte at
+// a time: when the kept bytes are full and another comes, the contents of
+// the last array of numbers are left out (the one open at the end, whose
+// remaining contents are then skipped up to its ']', else the last closed
+// one); the line is dropped when there is none to empty or a skipped byte
+// is not part of a number list. inArray says p ends inside an array being
+// skipped (a line that ends there is dropped too: it is not JSON).
+func squeezeRef(p []byte, limit int) (out []byte, dropped, inArray bool) {
+	isNum := func(c byte) bool { return strings.IndexByte("0123456789+-.eE, \t\r", c) >= 0 }
+	elide := false
+	for _, c := range p {
+		if elide {
+			switch {
+			case c == ']':
+				out, elide = append(out, c), false
+			case !isNum(c):
+				return nil, true, false
+			}
+			continue
+		}
+		if len(out) == limit {
+			i := len(out)
+			for i > 0 && isNum(out[i-1]) {
+				i--
+			}
+			if i > 0 && out[i-1] == '[' && i < len(out) {
+				out, elide = out[:i], true
+				if c == ']' {
+					out, elide = append(out, c), false
+				} else if !isNum(c) {
+					return nil, true, false
+				}
+				continue
+			}
+			j := bytes.LastIndexByte(out, ']')
+			if j < 0 {
+				return nil, true, false
+			}
+			i = j
+			for i > 0 && isNum(out[i-1]) {
+				i--
+			}
+			if i == 0 || out[i-1] != '[' || i == j {
+				return nil, true, false
+			}
+			out = append(out[:i:i], out[j:]...)
+		}
+		out = append(out, c)
+	}
+	return out, false, elide
+}
+
+// squeezedFrom reports whether out is p with the contents of some of its
+// bracketed runs of number bytes left out ("[1,2]" as "[]").
+func squeezedFrom(out, p []byte) bool {
+	i := 0
+	for j := 0; j < len(out); j++ {
+		if i >= len(p) || p[i] != out[j] {
+			return false
+		}
+		i++
+		if out[j] == '[' && j+1 < len(out) && out[j+1] == ']' {
+			for i < len(p) && strings.IndexByte("0123456789+-.eE, \t\r", p[i]) >= 0 {
+				i++
+			}
+		}
+	}
+	return i == len(p)
+}
+
+// TestLinesSqueeze: a line over the limit whose excess is an array of
+// numbers (ollama's "context") comes out with that array empty, in
+// pieces of any size, its range the line as received; one whose excess is
+// anything else, or that ends inside the array, is dropped once.
+func TestLinesSqueeze(t *testing.T) {
+	ids := strings.Repeat("128000,", 30) + "2"
+	for _, tc := range []struct{ name, line, want string }{
+		{"open at the limit", `{"done":true,"context":[` + ids + `],"total_duration":5,"eval_count":2}`,
+			`{"done":true,"context":[],"total_duration":5,"eval_count":2}`},
+		{"closed before the limit", `{"context":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21],"total_duration":` + strings.Repeat("9", 30) + `}`,
+			`{"context":[],"total_duration":` + strings.Repeat("9", 30) + `}`},
+		{"blanks and signs", `{"v":[ -1.5e3 , +2, ` + strings.Repeat("0.25, ", 20) + `7 ], "done":true}`, `{"v":[], "done":true}`},
+		{"strings", `{"context":["` + strings.Repeat("1,", 40) + `"],"done":true}`, ""},
+		{"no array", `{"response":"` + strings.Repeat("x", 80) + `","done":true}`, ""},
+		{"still too long", `{"context":[1,2,3],"response":"` + strings.Repeat("x", 80) + `"}`, ""},
+		{"cut in the array", `{"context":[` + ids, ""},
+	} {
+		in := []byte("{\"a\":1}\n" + tc.line + "\r\n{\"b\":2}\n")
+		for _, n := range []int{len(in), 64, 7, 1} {
+			l := NewLines(64)
+			got, ranges, tooLarge := splitLines(t, l, in, n)
+			if tc.want == "" {
+				require.Equal(t, []string{`{"a":1}`, `{"b":2}`}, got, "%s, pieces of %d", tc.name, n)
+				require.Equal(t, 1, tooLarge, tc.name)
+				require.EqualValues(t, len(tc.line)+2+8, ranges[1][1], "%s: the dropped line joins the next range", tc.name)
+				continue
+			}
+			require.Equal(t, []string{`{"a":1}`, tc.want, `{"b":2}`}, got, "%s, pieces of %d", tc.name, n)
+			require.Zero(t, tooLarge, tc.name)
+			require.Equal(t, [2]int64{8, int64(len(tc.line) + 2)}, ranges[1], "%s: the line as received", tc.name)
+			require.Zero(t, l.Pending())
+			require.LessOrEqual(t, cap(l.line), 2*64, "%s: the limit bounds the buffer", tc.name)
+		}
+	}
+}
+
+// TestLinesOllamaContext: the done line of /api/generate after ~200k tokens
+// of conversation, 1.3 MiB of "context" before its counts and durations, at
+// the default limit: read as the end, with usage and timings, in pieces as
+// the relay reads them, with no allocation once the buffer has grown (the
+// same stream again, not Reset: a Reset lets the grown buffer go, so a new
+// stream with such a line grows it once more).
+func TestLinesOllamaContext(t *testing.T) {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:45Z","response":"a","done":false}` + "\n")
+	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:46Z","response":"","done":true,"done_reason":"stop","context":[`)
+	for i := range 200_000 {
+		fmt.Fprintf(&b, "%d,", 100000+i%28000)
+	}
+	b.WriteString(`13],"total_duration":912345678,"load_duration":1234567,"prompt_eval_count":200000,"prompt_eval_duration":345678901,"eval_count":40,"eval_duration":512345678}` + "\n")
+	in := []byte(b.String())
+	require.Greater(t, len(in), DefaultMaxEventBytes)
+	read := func(l *Lines, n int) (Flags, Usage, Timing) {
+		var ev Event
+		var c Chunk
+		var f Flags
+		u, tm := UnknownUsage(), UnknownTiming()
+		for rest := in; len(rest) > 0; {
+			k := min(n, len(rest))
+			l.Feed(rest[:k])
+			rest = rest[k:]
+			for {
+				ok, err := l.Next(&ev)
+				if err != nil {
+					f |= FlagUnparsed
+					continue
+				}
+				if !ok {
+					break
+				}
+				Classify(ProtocolOllama, &ev, &c)
+				f |= c.Flags
+				u.Merge(c.Usage)
+				tm.Merge(c.Timing)
+			}
+		}
+		return f, u, tm
+	}
+	for _, n := range []int{len(in), 16 << 10, 4096} {
+		l := NewLines(0)
+		f, u, tm := read(l, n)
+		require.Equal(t, "content|finish|usage|done|timing", f.String(), "pieces of %d", n)
+		require.EqualValues(t, 200000, u.PromptTokens)
+		require.EqualValues(t, 40, u.CompletionTokens)
+		require.Equal(t, 345.678901, tm.PrefillMs)
+		require.Equal(t, 912.345678, tm.TotalMs)
+		require.Zero(t, l.Pending())
+		require.Zero(t, testing.AllocsPerRun(5, func() { read(l, n) }), "pieces of %d", n)
+		require.LessOrEqual(t, cap(l.line), 2*DefaultMaxEventBytes)
+		l.Reset()
+		require.LessOrEqual(t, cap(l.line), keptBytes)
+	}
 }
 
 // TestLinesFlush: a last line without its LF comes out at Flush, with the
