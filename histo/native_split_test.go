@@ -105,3 +105,50 @@ func idIndex(id string) int {
 	_, _ = fmt.Sscanf(id, "native-%d", &i)
 	return i
 }
+
+// TestLlamaNativeWholeSplit: the sim as llama-server with 1 and 3 slots, a
+// burst of whole (non-stream) /completion answers through a proxy given
+// no hint: with no first output, the split is timings.prompt_ms as the
+// prefill and the upstream time less prompt_ms and predicted_ms as the
+// queue (wholeSplit), within max(25 ms, 10%) of the engine's truth plus
+// its work before the prefill.
+func TestLlamaNativeWholeSplit(t *testing.T) {
+	skipInaccurate(t)
+	for _, slots := range []int{1, 3} {
+		t.Run(fmt.Sprintf("slots%d", slots), func(t *testing.T) {
+			s, up := simServer(t, sim.Config{Engine: sim.EngineLlamaCpp, Slots: slots, PrefillTokensPerSec: 20000,
+				DecodeTokensPerSec: 400, TokensPerEvent: 1, ExactLength: true, Seed: 1})
+			st := newStack(t, up, proxy.Config{}, histo.Config{})
+			const n = 6
+			before := enqueued(s)
+			var wg sync.WaitGroup
+			for i := range n {
+				id := fmt.Sprintf("native-%d", i)
+				prompt := coldPrompt(id, 400+200*i)[0]["content"]
+				b, _ := json.Marshal(map[string]any{"prompt": prompt, "stream": false})
+				wg.Go(func() { postNative(t, st.base+"/completion", id, string(b)) })
+				waitEnqueued(t, s, before+int64(i))
+			}
+			wg.Wait()
+			for i := range n {
+				id := fmt.Sprintf("native-%d", i)
+				truth, ok := s.Truth(id)
+				require.True(t, ok, id)
+				rq := (&accStack{stack: st, sim: s}).record(t, 20+3*i)
+				require.Equal(t, "llama_completion", rq.Route, id)
+				require.False(t, rq.Stream, id)
+				require.False(t, rq.TTFO.Known(), id)
+				require.Equal(t, histo.SourceServerPrefill, rq.QueueSource, id)
+				require.InDelta(t, rq.Engine.Prefill.Millis(), rq.Prefill.Millis(), 0.001, id)
+				// The slot's RAM-cache save/restore before the prompt
+				// (truth.PrePrefill, the sim's 15 ms per switch) is not in
+				// prompt_ms: it lands in the queue, as on a stream split by
+				// server_prefill (docs/engines.md).
+				diff := time.Duration(rq.Queue) - truth.Queue - truth.PrePrefill
+				t.Logf("%s: queue %.1f ms, truth %.1f ms + %.1f ms before the prefill, error %+.2f ms", id, rq.Queue.Millis(),
+					truth.Queue.Seconds()*1e3, truth.PrePrefill.Seconds()*1e3, diff.Seconds()*1e3)
+				require.LessOrEqual(t, diff.Abs(), queueTolerance(truth.Queue), id)
+			}
+		})
+	}
+}

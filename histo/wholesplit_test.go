@@ -10,9 +10,10 @@ import (
 )
 
 // TestWholeSplit: an answer sent whole is split by the engine's durations
-// (queue total − prompt_eval − eval, prefill prompt_eval), with the
+// (queue total − prefill − decode, prefill the engine's), with the
 // limiter's wait added, bounded by the upstream time the proxy saw; a
-// stream, or a whole answer without all three durations, is not.
+// stream, or a whole answer without its prefill or decode, is not; with
+// no total (llama.cpp) the upstream time is the total.
 func TestWholeSplit(t *testing.T) {
 	t0 := time.Now()
 	whole := func(total, prefill, decode time.Duration, e2e time.Duration) *proxy.Trace {
@@ -34,17 +35,20 @@ func TestWholeSplit(t *testing.T) {
 
 	for name, tr := range map[string]*proxy.Trace{
 		"stream":     {Stream: true, Recv: t0, End: t0.Add(time.Second), ServerTotal: ms, ServerPrefill: ms, ServerDecode: ms},
-		"no total":   whole(-1, 100*ms, 150*ms, time.Second),
 		"no prefill": whole(300*ms, -1, 150*ms, time.Second),
 		"no decode":  whole(300*ms, 100*ms, -1, time.Second),
 	} {
 		_, ok := wholeSplit(tr)
 		require.False(t, ok, name)
 	}
+	// No total (llama.cpp): the upstream time the proxy saw is the total.
+	sp, _ = wholeSplit(whole(-1, 100*ms, 150*ms, 320*ms))
+	require.Equal(t, 5*ms+64*ms, sp.Queue)
+
 	// Through evidenceSplit: a whole answer is split, not left as none.
 	sp, done := evidenceSplit(whole(300*ms, 100*ms, 150*ms, 320*ms), false)
 	require.True(t, done)
 	require.Equal(t, SourceServerPrefill, sp.Source)
-	sp, _ = evidenceSplit(whole(-1, 100*ms, 150*ms, 320*ms), false)
+	sp, _ = evidenceSplit(whole(300*ms, 100*ms, -1, 320*ms), false)
 	require.Equal(t, noSplit, sp)
 }
