@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
 // nativeBody is a request of a native route: a prompt for /api/generate,
@@ -256,5 +257,42 @@ func TestNativeQueueFromDurations(t *testing.T) {
 			}
 			checkQueueBar(t, ss)
 		})
+	}
+}
+
+// TestNativeDoneLineOverLimit: /api/generate's done line carries the
+// conversation's token ids ("context") before its counts and durations;
+// past ~170k tokens they exceed the proxy's 1 MiB line limit. The same
+// shape at a limit of 512 bytes, against the real engine: a prompt of a
+// few hundred tokens makes the done line a few KiB, its other fields well
+// under the limit. The proxy reads it as the end, with ollama's counts and
+// durations (sse.Lines leaves the ids out of what it reads), and relays
+// it unchanged.
+func TestNativeDoneLineOverLimit(t *testing.T) {
+	url, _ := engineWithSlots(t, 1)
+	warmEngine(t, url)
+	const limit = 512
+	st := newStackWith(t, url, histo.Config{}, proxy.Config{MaxEventBytes: limit})
+	r := do(t, st.proxyURL, "/api/generate", nativeBody("/api/generate", plainModel, freshPrompt(1200), true, ""), "", 0)
+	if r.status != 200 || r.readErr != nil {
+		t.Fatalf("status %d, read error %v", r.status, r.readErr)
+	}
+	done := []byte(r.events[len(r.events)-1].data)
+	if len(done) <= limit || !bytes.Contains(done, []byte(`"context":[`)) {
+		t.Fatalf("the done line is %d bytes, not over the %d-byte limit with its context: %.200s", len(done), limit, done)
+	}
+	m := metricsOf(t, done)
+	rec := st.waitRecords(t, 1)[0]
+	t.Logf("done line %d bytes (limit %d): record truncated %v failed %v, prompt %d output %d, engine prefill %.3f ms",
+		len(done), limit, rec.Truncated, rec.Failed, rec.PromptTokens, rec.OutputTokens, rec.Engine.Prefill.Millis())
+	if rec.Truncated || rec.Failed {
+		t.Fatalf("record truncated %v failed %v: the done line was not read", rec.Truncated, rec.Failed)
+	}
+	if !rec.UsageSeen || int64(rec.PromptTokens) != m.promptCount || int64(rec.OutputTokens) != m.evalCount {
+		t.Errorf("record tokens prompt %d output %d, ollama's %d and %d", rec.PromptTokens, rec.OutputTokens, m.promptCount, m.evalCount)
+	}
+	checkEngineFigures(t, rec, m)
+	if rec.QueueSource != "server_prefill" {
+		t.Errorf("queue_source %q, want server_prefill", rec.QueueSource)
 	}
 }

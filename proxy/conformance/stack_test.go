@@ -75,13 +75,21 @@ func newStack(t *testing.T) *stack {
 // --engine-slots).
 func newStackOn(t *testing.T, url string, cfg histo.Config) *stack {
 	t.Helper()
+	return newStackWith(t, url, cfg, proxy.Config{})
+}
+
+// newStackWith is newStackOn with the proxy's own configuration (its
+// Upstream is url).
+func newStackWith(t *testing.T, url string, cfg histo.Config, pcfg proxy.Config) *stack {
+	t.Helper()
 	st := &stack{engine: url}
 	rec, err := histo.New(cfg, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.rec = rec
-	p, err := proxy.New(proxy.Config{Upstream: st.engine}, nil, rec)
+	pcfg.Upstream = st.engine
+	p, err := proxy.New(pcfg, nil, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
