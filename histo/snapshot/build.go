@@ -127,6 +127,9 @@ func timingOf(rq *histo.Request) Timing {
 	t.ContentChunks = histo.Count(rq.ContentChunks)
 	t.EngineCachedTokens = rq.Engine.CachedTokens
 	t.EngineDecodeMs = ms(rq.Engine.Decode)
+	t.EngineInferenceMs = ms(rq.Engine.Inference)
+	t.EnginePromptEvalTokens = rq.Engine.PromptEval
+	t.EngineRunningAtAdmit = rq.Engine.RunningAtAdmit
 	t.EngineLoadMs = ms(rq.Engine.Load)
 	t.EnginePrefillMs = ms(rq.Engine.Prefill)
 	t.EngineQueueMs = ms(rq.Engine.Queue)

@@ -226,7 +226,9 @@ func TestEngineFiguresInTimings(t *testing.T) {
 	reported, silent := trace(0), trace(1)
 	reported.ServerPrefill, reported.ServerDecode = ms2d(210), ms2d(1900)
 	reported.ServerTotal, reported.ServerLoad = ms2d(2450.5), ms2d(3.25)
+	reported.ServerInference, reported.ServerPromptEval = ms2d(2110), 812
 	silent.ServerDecode, silent.ServerTotal, silent.ServerLoad = -1, -1, -1
+	silent.ServerInference, silent.ServerPromptEval = -1, -1
 	r.Record(&reported)
 	r.Record(&silent)
 	doc := roundTrip(t, build(t, r.Rotate()))
@@ -234,7 +236,11 @@ func TestEngineFiguresInTimings(t *testing.T) {
 	got, none := doc.RequestTimings[0], doc.RequestTimings[1]
 	require.Equal(t, []float64{210, 1900, 2450.5, 3.25},
 		[]float64{float64(got.EnginePrefillMs), float64(got.EngineDecodeMs), float64(got.EngineTotalMs), float64(got.EngineLoadMs)})
-	for _, v := range []Num{none.EnginePrefillMs, none.EngineDecodeMs, none.EngineTotalMs, none.EngineLoadMs} {
+	require.Equal(t, 2110.0, float64(got.EngineInferenceMs))
+	require.Equal(t, histo.Count(812), got.EnginePromptEvalTokens)
+	for _, v := range []Num{none.EnginePrefillMs, none.EngineDecodeMs, none.EngineTotalMs, none.EngineLoadMs, none.EngineInferenceMs} {
 		require.True(t, math.IsNaN(float64(v)), "null where the engine said nothing")
 	}
+	require.Equal(t, histo.Count(-1), none.EnginePromptEvalTokens)
+	require.Equal(t, histo.Count(-1), none.EngineRunningAtAdmit, "no engine /metrics")
 }

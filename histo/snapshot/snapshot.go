@@ -88,9 +88,12 @@ type Timing struct {
 	EffectivePrefillTokS     Num             `json:"effective_prefill_tok_s"`
 	EngineCachedTokens       histo.Count     `json:"engine_cached_tokens"` // the engine's own figures (histo.EngineFigures), beside the proxy's
 	EngineDecodeMs           Num             `json:"engine_decode_ms"`
+	EngineInferenceMs        Num             `json:"engine_inference_ms"`
 	EngineLoadMs             Num             `json:"engine_load_ms"`
 	EnginePrefillMs          Num             `json:"engine_prefill_ms"`
+	EnginePromptEvalTokens   histo.Count     `json:"engine_prompt_eval_tokens"`
 	EngineQueueMs            Num             `json:"engine_queue_ms"`
+	EngineRunningAtAdmit     histo.Count     `json:"engine_running_at_admit"`
 	EngineTotalMs            Num             `json:"engine_total_ms"`
 	EngineWaitingAtAdmit     histo.Count     `json:"engine_waiting_at_admit"`
 	GenerationMs             Num             `json:"generation_ms"`
@@ -130,7 +133,7 @@ var addedTimingKeys = [...]string{
 	"queue_ms", "prefill_ms", "queue_source", "cached_tokens", "prefix_reuse", "retry_attempt", "status", "model", "route",
 	"connect_ms", "proxy_queue_ms", "reasoning_ms", "reasoning_tokens", "started_at_unix_ns", "cache_inferred_tokens",
 	"engine_queue_ms", "engine_prefill_ms", "engine_decode_ms", "engine_cached_tokens", "engine_waiting_at_admit",
-	"engine_total_ms", "engine_load_ms",
+	"engine_total_ms", "engine_load_ms", "engine_inference_ms", "engine_prompt_eval_tokens", "engine_running_at_admit",
 }
 
 // unknownTiming is a Timing with every value unknown: what a key absent
@@ -139,7 +142,7 @@ func unknownTiming() Timing {
 	return Timing{
 		CacheInferredTokens: -1, CachedTokens: -1, ConnectMs: nan, ContentChunks: -1, DecodeTokS: nan, E2EMs: nan,
 		EffectivePrefillTokS: nan, EngineCachedTokens: -1, EngineDecodeMs: nan, EngineLoadMs: nan, EnginePrefillMs: nan, EngineQueueMs: nan, EngineTotalMs: nan,
-		EngineWaitingAtAdmit: -1, GenerationMs: nan, MeanInterTokenLatencyMs: nan, MeanTimePerOutputTokenMs: nan,
+		EngineInferenceMs: nan, EnginePromptEvalTokens: -1, EngineRunningAtAdmit: -1, EngineWaitingAtAdmit: -1, GenerationMs: nan, MeanInterTokenLatencyMs: nan, MeanTimePerOutputTokenMs: nan,
 		OutputTokens: -1, PrefillMs: nan, PrefixReuse: nan, PromptTokens: -1, ProxyQueueMs: nan, QueueMs: nan,
 		ReasoningChunks: -1, ReasoningMs: nan, ReasoningTokens: -1, RetryAttempt: -1, StartedAtUnixNs: -1,
 		Status: -1, TimeToFirstOutputMs: nan, TpotMs: nan, TtftMs: nan, VisibleGenerationMs: nan,
