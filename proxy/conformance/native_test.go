@@ -207,57 +207,81 @@ func checkEngineFigures(t *testing.T, rec record, m nativeMetrics) {
 	}
 }
 
-// TestNativeQueueFromDurations: bursts of native chat streams, three more
-// than the slots, on the engines of 1, 2 and 4 slots. Each request's truth is its slot line −
-// its send; the split (prompt_eval_duration as the prefill: queue is the
-// rest of the upstream time to first output) must hold max(25 ms, 10%)
-// for at least 95% of them, with no hints, where the occupancy split
-// needs the timeline. The durations' own residue (total − load −
-// prompt_eval − eval) is logged beside it: what ollama spends outside the
-// runner's batches, queue and its overheads together.
+// TestNativeQueueFromDurations: bursts of native chat requests, three more
+// than the slots, on the engines of 1, 2 and 4 slots, streamed and then
+// "stream": false. Each request's truth is its slot line − its send; the
+// split (prompt_eval_duration as the prefill; queue the rest of the
+// upstream time to first output, or of a whole answer total − prompt_eval
+// − eval) must hold max(25 ms, 10%) for at least 95% of them, with no
+// hints, where the occupancy split needs the timeline. The durations' own
+// residue (total − load − prompt_eval − eval) is logged beside it: what
+// ollama spends outside the runner's batches, queue and its overheads
+// together.
 func TestNativeQueueFromDurations(t *testing.T) {
 	for _, slots := range []int{1, 2, 4} {
-		t.Run(fmt.Sprintf("parallel%d", slots), func(t *testing.T) {
-			url, logPath := engineWithSlots(t, slots)
-			warmEngine(t, url)
-			st := newStackOn(t, url, histo.Config{})
-			elog := markLog(t, logPath)
-			n := slots + 3 // some wait on every engine
-			ss := make([]*sample, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				body := nativeBody("/api/chat", plainModel, freshPrompt(600+50*i), true, "")
-				s := &sample{label: fmt.Sprintf("request %d", i+1)}
-				ss[i] = s
-				wg.Go(func() { s.resp = do(t, st.proxyURL, "/api/chat", body, "", 0) })
+		for _, stream := range []bool{true, false} {
+			name := fmt.Sprintf("parallel%d", slots)
+			if !stream {
+				name += "/whole"
 			}
-			wg.Wait()
-			rests := map[*sample]nativeMetrics{}
-			for _, s := range ss {
-				if s.resp.status != 200 || s.resp.readErr != nil {
-					t.Fatalf("%s: status %d, read error %v", s.label, s.resp.status, s.resp.readErr)
-				}
-				s.obs = s.resp.observe(t, "/api/chat")
-				if !s.obs.done || s.obs.usage == nil {
-					t.Fatalf("%s: no done line", s.label)
-				}
-				s.prompt = int(s.obs.usage.prompt)
-				rests[s] = metricsOf(t, []byte(s.resp.events[len(s.resp.events)-1].data))
-			}
-			pairRecords(t, ss, st.waitRecords(t, n))
-			pairSlots(t, ss, elog.waitSlots(t, n))
-			for _, s := range ss {
-				logSample(t, s)
-				m := rests[s]
-				t.Logf("%s: durations: load %.1f prompt_eval %.1f eval %.1f total %.1f | rest %.1f vs truth queue %.1f ms (%+.1f)",
-					s.label, ms(m.load), ms(m.promptEval), ms(m.eval), ms(m.total), ms(m.rest()), ms(s.truthQueue()), ms(m.rest()+m.load-s.truthQueue()))
-				if s.rec.QueueSource != "server_prefill" {
-					t.Errorf("%s: queue_source %q, want server_prefill", s.label, s.rec.QueueSource)
-				}
-			}
-			checkQueueBar(t, ss)
-		})
+			t.Run(name, func(t *testing.T) { nativeQueueBurst(t, slots, stream) })
+		}
 	}
+}
+
+func nativeQueueBurst(t *testing.T, slots int, stream bool) {
+	url, logPath := engineWithSlots(t, slots)
+	warmEngine(t, url)
+	st := newStackOn(t, url, histo.Config{})
+	elog := markLog(t, logPath)
+	n := slots + 3 // some wait on every engine
+	ss := make([]*sample, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		body := nativeBody("/api/chat", plainModel, freshPrompt(600+50*i), stream, "")
+		s := &sample{label: fmt.Sprintf("request %d", i+1)}
+		ss[i] = s
+		wg.Go(func() { s.resp = do(t, st.proxyURL, "/api/chat", body, "", 0) })
+	}
+	wg.Wait()
+	rests := map[*sample]nativeMetrics{}
+	for _, s := range ss {
+		if s.resp.status != 200 || s.resp.readErr != nil {
+			t.Fatalf("%s: status %d, read error %v", s.label, s.resp.status, s.resp.readErr)
+		}
+		if stream {
+			s.obs = s.resp.observe(t, "/api/chat")
+			if !s.obs.done || s.obs.usage == nil {
+				t.Fatalf("%s: no done line", s.label)
+			}
+			rests[s] = metricsOf(t, []byte(s.resp.events[len(s.resp.events)-1].data))
+		} else {
+			m := metricsOf(t, s.resp.body)
+			rests[s] = m
+			// No first output: the slot line is paired by prompt tokens
+			// between the send and the answer's end.
+			s.obs = observed{done: true, usage: &usage{m.promptCount, m.evalCount}}
+		}
+		s.prompt = int(s.obs.usage.prompt)
+	}
+	pairRecords(t, ss, st.waitRecords(t, n))
+	pairSlots(t, ss, elog.waitSlots(t, n))
+	for _, s := range ss {
+		if stream {
+			logSample(t, s)
+		} else {
+			t.Logf("%s: truth queue %.1f | proxy queue %.1f prefill %.1f (%s) | queue error %+.1f ms | slot %d prompt %d",
+				s.label, ms(s.truthQueue()), s.rec.Queue.Millis(), s.rec.Prefill.Millis(), s.rec.QueueSource,
+				s.rec.Queue.Millis()-ms(s.truthQueue()), s.slot.id, s.slot.prompt)
+		}
+		m := rests[s]
+		t.Logf("%s: durations: load %.1f prompt_eval %.1f eval %.1f total %.1f | rest %.1f vs truth queue %.1f ms (%+.1f)",
+			s.label, ms(m.load), ms(m.promptEval), ms(m.eval), ms(m.total), ms(m.rest()), ms(s.truthQueue()), ms(m.rest()+m.load-s.truthQueue()))
+		if s.rec.QueueSource != "server_prefill" {
+			t.Errorf("%s: queue_source %q, want server_prefill", s.label, s.rec.QueueSource)
+		}
+	}
+	checkQueueBar(t, ss)
 }
 
 // TestNativeDoneLineOverLimit: /api/generate's done line carries the
