@@ -79,6 +79,11 @@ type convTurn struct {
 	gap        time.Duration // the agent gap before the request
 	engine     time.Duration // the request's t_recv → t_end
 	busy       time.Duration // engine time the request added to its conversation
+	// perByte is the prompt tokens per canonical prompt byte that the
+	// request added to its conversation's previous turn (0: unknown): the
+	// tokens of messages, without the chat template's fixed parts (which
+	// may write the system prompt twice), for rateModel.sharedOnly.
+	perByte float64
 }
 
 // turnMark is one turn in a conversation's timeline.
@@ -101,8 +106,11 @@ type convState struct {
 	turns         int
 	engine, agent time.Duration
 	gen           uint64 // the window that saw its latest turn
-	marks         [timelineTurns]turnMark
-	next          int // ring position in marks
+	// lastTokens and lastBytes are the latest turn's prompt tokens (0:
+	// unknown) and canonical prompt bytes (convTurn.perByte).
+	lastTokens, lastBytes int64
+	marks                 [timelineTurns]turnMark
+	next                  int // ring position in marks
 }
 
 // conversations holds the most recently active conversations, least
@@ -181,6 +189,12 @@ func (c *conversations) add(tr *proxy.Trace, gen uint64) convTurn {
 		st.engine += t.busy
 	}
 	st.lastEnd, st.lastDone = later(st.lastEnd, end), later(st.lastDone, done)
+	if dt, db := tr.PromptTokens-st.lastTokens, res.PromptBytes-st.lastBytes; !t.first && st.lastTokens > 0 && tr.PromptTokens > 0 && dt > 0 && db > 0 {
+		t.perByte = float64(dt) / float64(db)
+	}
+	if tr.PromptTokens > 0 {
+		st.lastTokens, st.lastBytes = tr.PromptTokens, res.PromptBytes
+	}
 	st.turns++
 	st.gen = gen
 	st.marks[st.next] = turnMark{turn: res.Turn, status: tr.Status, start: recv.Sub(st.first), engine: t.engine, gap: t.gap}

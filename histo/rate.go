@@ -116,6 +116,18 @@ type rateModel struct {
 	// perByte is prompt tokens per request body byte, smoothed: the
 	// prompt size of a request without usage (its client left).
 	perByte float64
+	// turnPerByte is prompt tokens per canonical prompt byte that turns
+	// added to their conversations, smoothed (0 before any): the tokens
+	// of the messages after the shared system prompt (sharedOnly).
+	turnPerByte float64
+	// heldConv and heldTurn are the conversation and turn of the last
+	// inference request recorded (heldSet once there is one): what a
+	// one-slot engine's slot holds when the next request starts (it
+	// frees the slot at the stream's end, and the request is recorded
+	// then).
+	heldConv uint64
+	heldTurn int
+	heldSet  bool
 }
 
 // rates is the model read once per Record.
@@ -151,15 +163,82 @@ func promptParts(tr *proxy.Trace, withReuse bool) (n, cached float64, ok bool) {
 	return p - cached, cached, true
 }
 
+// served notes that tr held the engine last and reports whether the one
+// before it was tr's own conversation's previous turn: on a one-slot
+// engine with a cache per slot (ollama, llama.cpp) only then does the slot
+// still hold tr's history. Safe for concurrent use.
+func (m *rateModel) served(tr *proxy.Trace) (continues bool) {
+	pr := &tr.Prefix
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	continues = m.heldSet && pr.Tracked && pr.Turn > 0 && m.heldConv == pr.ConversationID && m.heldTurn == pr.Turn-1
+	m.heldConv, m.heldTurn, m.heldSet = pr.ConversationID, pr.Turn, pr.Tracked
+	return continues
+}
+
+// sharedOnly is tr's prompt split as a one-slot engine whose slot held
+// another conversation serves it: from the slot's cache only the prefix
+// the conversations share, at most the system and tools segments (agents
+// share their system prompt), however much of the prompt the proxy saw
+// sent before. Its tokens are the prompt's less the other segments' bytes
+// at perByte, the tokens per byte turns add to conversations (the chat
+// template's fixed tokens, which can write the system prompt twice, stay
+// with the shared part), else the segments' share of the bytes. Against
+// ollama with 8 conversations on one slot the engine reused only the
+// shared system prompt (632 tokens) on every turn; learned as the proxy's
+// reuse (the whole history), the turns' new tokens were a third to a half
+// of the truth and the inferred cache −59%.
+func sharedOnly(tr *proxy.Trace, perByte float64) (n, cached float64) {
+	p, pr := float64(tr.PromptTokens), &tr.Prefix
+	if pr.PromptBytes <= 0 {
+		return p, 0
+	}
+	shared := float64(pr.SystemBytes + pr.ToolsBytes)
+	limit := p * min(max(pr.Reuse, 0), 1)
+	cached = p * shared / float64(pr.PromptBytes)
+	if perByte > 0 {
+		cached = p - (float64(pr.PromptBytes)-shared)*perByte
+	}
+	cached = math.Round(min(max(cached, 0), limit))
+	return p - cached, cached
+}
+
+// turnPerByteNow reads turnPerByte.
+func (m *rateModel) turnPerByteNow() float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.turnPerByte
+}
+
+// learnTurnBytes follows the prompt tokens per byte that turns add to
+// their conversations (x, 0: none).
+func (m *rateModel) learnTurnBytes(x float64) {
+	if x <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.turnPerByte == 0 {
+		m.turnPerByte = x
+		return
+	}
+	m.turnPerByte += (x - m.turnPerByte) / 16
+}
+
 // learn adds tr's prefill time prefill (the split's, when it rests on
 // evidence or on the timeline), judged against the model rs read before tr
-// was split.
-func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
+// was split. otherHeld says a one-slot engine's slot held another
+// conversation before tr (served), so the proxy's reuse overstates what
+// the engine kept.
+func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates, otherHeld bool) {
 	if tr.Failed() || !tr.UsageSeen || tr.PromptTokens <= 0 {
 		return
 	}
 	m.learnBytes(tr)
 	n, cached, _ := promptParts(tr, true)
+	if otherHeld && tr.CachedTokens < 0 && tr.Prefix.Tracked {
+		n, cached = sharedOnly(tr, m.turnPerByteNow())
+	}
 	if n < modelMinTokens || prefill <= 0 {
 		return
 	}

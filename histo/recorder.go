@@ -235,11 +235,12 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	if !rq.Failed {
 		set.observe(&rq, &v)
 	}
-	r.add(&rq, tr, &v)
+	r.model.learnTurnBytes(r.add(&rq, tr, &v))
 	// Learn after splitting, so a request is never judged by its own
 	// sample.
+	continues := r.model.served(tr)
 	if prefill, ok := learnable(tr, sp, place); ok {
-		r.model.learn(tr, prefill, rs)
+		r.model.learn(tr, prefill, rs, !continues && r.Slots().Effective == 1)
 	}
 }
 
@@ -275,8 +276,10 @@ func (r *Recorder) warnSlots() {
 		zap.Int("used", s.Effective), zap.String("state", s.State))
 }
 
-// add puts rq, whose phases are v, into the current window under the lock.
-func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) {
+// add puts rq, whose phases are v, into the current window under the
+// lock, and returns the prompt tokens per byte its turn added to its
+// conversation (convTurn.perByte).
+func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) float64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur.retry.add(tr)
@@ -296,6 +299,7 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) {
 		r.prom.dropped.Inc()
 	}
 	r.recent.put(rq)
+	return turn.perByte
 }
 
 // recordHDR records a successful request's evaluated phases. The caller
