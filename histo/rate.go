@@ -120,14 +120,9 @@ type rateModel struct {
 	// added to their conversations, smoothed (0 before any): the tokens
 	// of the messages after the shared system prompt (sharedOnly).
 	turnPerByte float64
-	// heldConv and heldTurn are the conversation and turn of the last
-	// inference request recorded (heldSet once there is one): what a
-	// one-slot engine's slot holds when the next request starts (it
-	// frees the slot at the stream's end, and the request is recorded
-	// then).
-	heldConv uint64
-	heldTurn int
-	heldSet  bool
+	// firstTokens, firstBytes and firstSystem are the last first turn's
+	// prompt tokens, canonical bytes and system bytes (learnFirstTurn).
+	firstTokens, firstBytes, firstSystem int64
 }
 
 // rates is the model read once per Record.
@@ -163,21 +158,9 @@ func promptParts(tr *proxy.Trace, withReuse bool) (n, cached float64, ok bool) {
 	return p - cached, cached, true
 }
 
-// served notes that tr held the engine last and reports whether the one
-// before it was tr's own conversation's previous turn: on a one-slot
-// engine with a cache per slot (ollama, llama.cpp) only then does the slot
-// still hold tr's history. Safe for concurrent use.
-func (m *rateModel) served(tr *proxy.Trace) (continues bool) {
-	pr := &tr.Prefix
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	continues = m.heldSet && pr.Tracked && pr.Turn > 0 && m.heldConv == pr.ConversationID && m.heldTurn == pr.Turn-1
-	m.heldConv, m.heldTurn, m.heldSet = pr.ConversationID, pr.Turn, pr.Tracked
-	return continues
-}
-
-// sharedOnly is tr's prompt split as a one-slot engine whose slot held
-// another conversation serves it: from the slot's cache only the prefix
+// sharedOnly is tr's prompt split as an engine with a cache per slot
+// serves it once its slots held other conversations since tr's previous
+// turn (convTurn.since): from the slot's cache only the prefix
 // the conversations share, at most the system and tools segments (agents
 // share their system prompt), however much of the prompt the proxy saw
 // sent before. Its tokens are the prompt's less the other segments' bytes
@@ -225,18 +208,45 @@ func (m *rateModel) learnTurnBytes(x float64) {
 	m.turnPerByte += (x - m.turnPerByte) / 16
 }
 
+// firstTurnApart is how many bytes two first turns with the same system
+// prompt must differ by to tell the tokens per byte of what follows it.
+const firstTurnApart = 32
+
+// learnFirstTurn learns turnPerByte from tr, a conversation's first turn,
+// and the one before it: agents that share a system prompt differ in
+// their tasks, and the tokens of the difference over its bytes are those
+// of the messages after the system prompt. Before it, the first turns of
+// conversations started together were learned at the segments' byte
+// share (sharedOnly), which left out the chat template's tokens: against
+// ollama 500 of 632 cached tokens, twice the new tokens, and a cost model
+// half as slow per token as the engine.
+func (m *rateModel) learnFirstTurn(tr *proxy.Trace) {
+	pr := &tr.Prefix
+	if !pr.Tracked || tr.PromptTokens <= 0 || pr.PromptBytes <= 0 {
+		return
+	}
+	m.mu.Lock()
+	dt, db := tr.PromptTokens-m.firstTokens, pr.PromptBytes-m.firstBytes
+	same := m.firstTokens > 0 && m.firstSystem == pr.SystemBytes && (db >= firstTurnApart || db <= -firstTurnApart)
+	m.firstTokens, m.firstBytes, m.firstSystem = tr.PromptTokens, pr.PromptBytes, pr.SystemBytes
+	m.mu.Unlock()
+	if same && float64(dt)/float64(db) > 0 {
+		m.learnTurnBytes(float64(dt) / float64(db))
+	}
+}
+
 // learn adds tr's prefill time prefill (the split's, when it rests on
 // evidence or on the timeline), judged against the model rs read before tr
-// was split. otherHeld says a one-slot engine's slot held another
-// conversation before tr (served), so the proxy's reuse overstates what
-// the engine kept.
-func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates, otherHeld bool) {
+// was split. evicted says the engine's slots held other conversations
+// since tr's previous turn (convTurn.since), so the proxy's reuse
+// overstates what an engine with a cache per slot kept.
+func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates, evicted bool) {
 	if tr.Failed() || !tr.UsageSeen || tr.PromptTokens <= 0 {
 		return
 	}
 	m.learnBytes(tr)
 	n, cached, _ := promptParts(tr, true)
-	if otherHeld && tr.CachedTokens < 0 && tr.Prefix.Tracked {
+	if evicted && tr.CachedTokens < 0 && tr.Prefix.Tracked {
 		n, cached = sharedOnly(tr, m.turnPerByteNow())
 	}
 	if n < modelMinTokens || prefill <= 0 {

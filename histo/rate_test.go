@@ -2,6 +2,7 @@ package histo
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -39,20 +40,6 @@ func TestSharedOnly(t *testing.T) {
 	require.Equal(t, [2]float64{1456, 0}, [2]float64{n, cached})
 }
 
-// TestServedContinues: a turn continues the slot only when the request
-// recorded just before it was its own conversation's previous turn.
-func TestServedContinues(t *testing.T) {
-	var m rateModel
-	steps := []struct {
-		conv uint64
-		turn int
-		want bool
-	}{{1, 0, false}, {2, 0, false}, {1, 1, false}, {1, 2, true}, {2, 1, false}, {2, 2, true}, {2, 4, false}}
-	for i, s := range steps {
-		require.Equal(t, s.want, m.served(turnTrace(s.conv, s.turn, 1000, 800, 300, 0.5)), "step %d", i)
-	}
-}
-
 // TestLearnTurnBytes: the tokens per byte that turns add are followed,
 // smoothed, from the first one on.
 func TestLearnTurnBytes(t *testing.T) {
@@ -63,4 +50,39 @@ func TestLearnTurnBytes(t *testing.T) {
 	require.Equal(t, 1.2, m.turnPerByteNow())
 	m.learnTurnBytes(2.8)
 	require.InDelta(t, 1.3, m.turnPerByteNow(), 1e-9)
+}
+
+// TestLearnFirstTurn: two first turns that share a system prompt tell the
+// tokens per byte of what follows it; a different system prompt, or too
+// small a difference, tells nothing.
+func TestLearnFirstTurn(t *testing.T) {
+	var m rateModel
+	m.learnFirstTurn(turnTrace(1, 0, 722, 400, 300, 0.79))
+	require.Zero(t, m.turnPerByteNow())
+	m.learnFirstTurn(turnTrace(2, 0, 861, 540, 300, 0.58))
+	require.InDelta(t, 139.0/140, m.turnPerByteNow(), 1e-9)
+	m.learnFirstTurn(turnTrace(3, 0, 2000, 900, 700, 0.1)) // another system prompt
+	m.learnFirstTurn(turnTrace(4, 0, 2010, 910, 700, 0.1)) // 10 bytes apart
+	require.InDelta(t, 139.0/140, m.turnPerByteNow(), 1e-9)
+}
+
+// TestConversationTurnSince: a turn counts the tracked requests recorded
+// since its conversation's previous turn, and the tokens per byte it
+// added to it.
+func TestConversationTurnSince(t *testing.T) {
+	c := newConversations(16, time.Hour)
+	at := time.Unix(1000, 0)
+	add := func(conv uint64, turn int, tokens, bytes int64) convTurn {
+		tr := turnTrace(conv, turn, tokens, bytes, 300, 0.5)
+		at = at.Add(time.Second)
+		tr.Recv, tr.End, tr.ClientDone = at, at.Add(time.Millisecond), at.Add(time.Millisecond)
+		return c.add(tr, 0)
+	}
+	require.Equal(t, int64(-1), add(1, 0, 722, 400).since)
+	require.Equal(t, int64(-1), add(2, 0, 861, 540).since)
+	t1 := add(1, 1, 938, 600)
+	require.Equal(t, int64(1), t1.since)
+	require.InDelta(t, 216.0/200, t1.perByte, 1e-9)
+	require.Equal(t, int64(0), add(1, 2, 1100, 750).since)
+	require.Equal(t, int64(2), add(2, 1, 1000, 700).since)
 }

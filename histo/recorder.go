@@ -235,12 +235,16 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	if !rq.Failed {
 		set.observe(&rq, &v)
 	}
-	r.model.learnTurnBytes(r.add(&rq, tr, &v))
+	turn := r.add(&rq, tr, &v)
+	r.model.learnTurnBytes(turn.perByte)
+	if turn.tracked && turn.since < 0 {
+		r.model.learnFirstTurn(tr)
+	}
 	// Learn after splitting, so a request is never judged by its own
 	// sample.
-	continues := r.model.served(tr)
 	if prefill, ok := learnable(tr, sp, place); ok {
-		r.model.learn(tr, prefill, rs, !continues && r.Slots().Effective == 1)
+		evicted := turn.since < 0 || turn.since >= int64(r.Slots().Effective)
+		r.model.learn(tr, prefill, rs, evicted)
 	}
 }
 
@@ -277,9 +281,8 @@ func (r *Recorder) warnSlots() {
 }
 
 // add puts rq, whose phases are v, into the current window under the
-// lock, and returns the prompt tokens per byte its turn added to its
-// conversation (convTurn.perByte).
-func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) float64 {
+// lock, and returns its turn in its conversation.
+func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) convTurn {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur.retry.add(tr)
@@ -299,7 +302,7 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) float64 {
 		r.prom.dropped.Inc()
 	}
 	r.recent.put(rq)
-	return turn.perByte
+	return turn
 }
 
 // recordHDR records a successful request's evaluated phases. The caller
