@@ -117,7 +117,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, cpu, mem}
 		cfg.HeapProfile = mem != ""
 	}
-	cfg.ProxyArgv = append(cfg.ProxyArgv, f.proxyFlags...)
+	// The goroutine relay, whatever serve's default (proxy.DefaultEventLoop).
+	cfg.ProxyArgv = append(append(cfg.ProxyArgv, f.proxyFlags...), "--event-loop=false")
 	cfg.Command = "anvilproxy bench " + strings.Join(args, " ")
 	cfg.Progress = stderr
 
