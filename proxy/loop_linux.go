@@ -18,8 +18,9 @@ import (
 )
 
 // DefaultEventLoop is serve's --event-loop default on this platform (and
-// the conformance stack's): off, until the suites pass on the loop.
-const DefaultEventLoop = false
+// the conformance stack's): on, since go test -race of proxy (-loop),
+// cmd/anvilproxy and the real-engine conformance suite pass on the loop.
+const DefaultEventLoop = true
 
 // This file is the event-loop relay (docs/design.md "The event-loop relay"):
 // once a streamed response's head is known, the stream's two sockets leave
