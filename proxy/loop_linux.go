@@ -17,6 +17,11 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
+// DefaultEventLoop is serve's --event-loop default on this platform (and
+// the conformance stack's): on, since go test -race of proxy (-loop),
+// cmd/anvilproxy and the real-engine conformance suite pass on the loop.
+const DefaultEventLoop = true
+
 // This file is the event-loop relay (docs/design.md "The event-loop relay"):
 // once a streamed response's head is known, the stream's two sockets leave
 // the connection's goroutine and one of a few loops relays it, touching it

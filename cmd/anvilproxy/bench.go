@@ -117,7 +117,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, cpu, mem}
 		cfg.HeapProfile = mem != ""
 	}
-	cfg.ProxyArgv = append(cfg.ProxyArgv, f.proxyFlags...)
+	// The goroutine relay, whatever serve's default (proxy.DefaultEventLoop);
+	// --proxy-flag=--event-loop, after it, profiles the loop.
+	cfg.ProxyArgv = append(append(cfg.ProxyArgv, "--event-loop=false"), f.proxyFlags...)
 	cfg.Command = "anvilproxy bench " + strings.Join(args, " ")
 	cfg.Progress = stderr
 

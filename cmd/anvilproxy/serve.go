@@ -117,7 +117,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxInflight, "max-inflight", 0, "local concurrency limit: at most N requests upstream, the rest wait FIFO (set to the engine's slots to measure queueing exactly); 0 disables")
 	fs.IntVar(&c.MaxQueue, "max-queue", proxy.DefaultMaxQueue, "with --max-inflight: requests that may wait; one more gets 429")
 	fs.DurationVar(&c.MaxQueueWait, "max-queue-wait", proxy.DefaultMaxQueueWait, "with --max-inflight: longest wait for a slot before 503")
-	fs.BoolVar(&c.EventLoop, "event-loop", false, "relay streamed responses on a few epoll event loops instead of one goroutine per connection (Linux; docs/design.md \"The event-loop relay\")")
+	fs.BoolVar(&c.EventLoop, "event-loop", proxy.DefaultEventLoop, "relay streamed responses on a few epoll event loops instead of one goroutine per connection (Linux; docs/design.md \"The event-loop relay\")")
 	fs.BoolVar(&c.InjectUsage, "inject-usage", false, "add stream_options.include_usage=true upstream when a streamed chat/completions request lacks it, and hide the extra usage event from the client")
 	fs.DurationVar(&c.RetryWindow, "retry-window", retry.DefaultWindow, "how long after an attempt the same body from the same client counts as a retry")
 	fs.Int64Var(&c.RetryMaxBytes, "retry-max-bytes", retry.DefaultMaxBytes, "memory cap of the retry tracker's index, bytes")

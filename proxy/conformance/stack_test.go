@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"encoding/json"
+	"flag"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +15,10 @@ import (
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
+
+// eventLoop relays the streams on the event loop (Config.EventLoop) even
+// where serve's default does not: go test ./proxy/conformance/ -loop.
+var eventLoop = flag.Bool("loop", false, "relay streams on the event loop (serve --event-loop)")
 
 // Models created by scripts/real-engine.sh from the same weights.
 const (
@@ -89,13 +94,14 @@ func newStackWith(t *testing.T, url string, cfg histo.Config, pcfg proxy.Config)
 	}
 	st.rec = rec
 	pcfg.Upstream = st.engine
+	pcfg.EventLoop = pcfg.EventLoop || proxy.DefaultEventLoop || *eventLoop
 	p, err := proxy.New(pcfg, nil, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.proxyURL = "http://" + serve(t, func(ln net.Listener) (func(), error) {
 		srv := p.Server()
-		go srv.Serve(ln) //nolint:errcheck // ends at Shutdown
+		go srv.Serve(p.Listener(ln)) //nolint:errcheck // ends at Shutdown; through the guarded listener, as serve does (the event loop needs it)
 		return func() { _ = srv.Shutdown() }, nil
 	})
 	st.adminURL = "http://" + serve(t, func(ln net.Listener) (func(), error) {
