@@ -31,19 +31,37 @@ func (r *Recorder) SetEngineLoad(l EngineLoad) {
 		r.load.Store(nil)
 		return
 	}
-	r.load.Store(&engineLoadBox{l})
+	h, _ := l.(loadHistory)
+	r.load.Store(&engineLoadBox{l, h})
 }
 
-// engineLoadBox holds an EngineLoad for atomic.Pointer.
-type engineLoadBox struct{ EngineLoad }
+// loadHistory is an EngineLoad that also gives each scrape with the time
+// it was taken (histo/engine.Scraper), so that the split can read back
+// what the engine said during a request's wait, not only at its arrival.
+// It must be safe for concurrent use and cheap (a binary search).
+type loadHistory interface {
+	// SampleBefore returns the latest scrape taken before t: when, and the
+	// engine's running count; ok is false when none was kept or it
+	// exports no count.
+	SampleBefore(t time.Time) (at time.Time, running int, ok bool)
+}
+
+// engineLoadBox holds an EngineLoad for atomic.Pointer, and its history
+// when it keeps one (asserted once, at SetEngineLoad).
+type engineLoadBox struct {
+	EngineLoad
+	hist loadHistory
+}
 
 // engineLoadRef is the Recorder's EngineLoad, swapped atomically.
 type engineLoadRef = atomic.Pointer[engineLoadBox]
 
-// engineLoad is the engine's load at one request's arrival.
+// engineLoad is the engine's load at one request's arrival, and the
+// scrapes after it when the EngineLoad keeps them (nil otherwise).
 type engineLoad struct {
 	running, waiting int
 	ok               bool
+	hist             loadHistory
 }
 
 // loadAt reads the engine's load at tr's arrival (t_admit + connect).
@@ -54,9 +72,9 @@ func (r *Recorder) loadAt(tr *proxy.Trace) engineLoad {
 	}
 	running, waiting, ok := b.LoadAt(tr.Admit.Add(tr.Connect))
 	if !ok {
-		return engineLoad{}
+		return engineLoad{hist: b.hist} // the scrapes during its wait may still tell
 	}
-	return engineLoad{running: max(running, 0), waiting: max(waiting, 0), ok: true}
+	return engineLoad{running: max(running, 0), waiting: max(waiting, 0), ok: true, hist: b.hist}
 }
 
 // hidden reports whether the engine had requests waiting at the
@@ -67,4 +85,52 @@ func (r *Recorder) loadAt(tr *proxy.Trace) engineLoad {
 // prefill.
 func (l engineLoad) hidden(p placement) bool {
 	return l.ok && l.waiting > 0 && l.running+l.waiting > p.ahead
+}
+
+// boundSamples caps the scrapes waitedBound reads back per request: at the
+// default 1 s interval 256 s of wait, at 5 ms 1.3 s (the latest are read
+// first; an earlier scrape only matters when no later one showed the
+// wait).
+const boundSamples = 256
+
+// waitedBound is what the engine's own counts say of e's queue: a lower
+// bound, 0 when they say nothing. An engine that serves first come first
+// served runs the oldest requests it holds, so a scrape taken after e's
+// arrival and before its first output that counted fewer requests
+// running than the engine held from e back (e, and the requests ahead of
+// it not ended by then) was taken while e still waited; its queue is at
+// least the latest such scrape less its arrival. The slot count does not
+// enter: a continuous-batching engine short of KV cache holds requests
+// back with sequence slots free (vLLM's max_num_seqs and block budget),
+// which no slot count describes (histo/accuracy_kv_test.go). Its
+// resolution is the scrape interval. Traffic the proxy does not see only
+// weakens it (requests ahead it did not count make the engine's running
+// count larger than the proxy's); a request the engine preempted back to
+// its waiting queue makes it read a running request as waiting.
+//
+// ends are the sorted ends of the recorded requests ahead of e, unrec the
+// number ahead not recorded yet (they end after e). The caller holds
+// o.mu.
+func (o *occupancy) waitedBound(e occEntry, ends []int64, unrec int, h loadHistory) time.Duration {
+	if h == nil || e.first <= e.arrive {
+		return 0
+	}
+	t := o.epoch.Add(time.Duration(e.first))
+	for range boundSamples {
+		at, running, ok := h.SampleBefore(t)
+		rel := o.rel(at)
+		if !ok || rel <= e.arrive {
+			return 0
+		}
+		// The requests from e back still in the engine at the scrape.
+		held := unrec + 1
+		for i := len(ends) - 1; i >= 0 && ends[i] > rel; i-- {
+			held++
+		}
+		if running < held {
+			return time.Duration(rel - e.arrive)
+		}
+		t = at
+	}
+	return 0
 }

@@ -94,3 +94,62 @@ func TestEngineLoadHiddenQueue(t *testing.T) {
 	r.Record(&hidden)
 	require.Equal(t, SourceOccupancy, r.Recent(1)[0].QueueSource)
 }
+
+// fakeHistory is a fakeLoad that also gives each point's time back
+// (loadHistory), as histo/engine.Scraper does.
+type fakeHistory struct{ fakeLoad }
+
+func (f *fakeHistory) SampleBefore(t time.Time) (at time.Time, running int, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := len(f.points) - 1; i >= 0; i-- {
+		if p := f.points[i]; p.t.Before(t) {
+			return p.t, p.running, true
+		}
+	}
+	return time.Time{}, 0, false
+}
+
+// TestEngineLoadWaitedBound: a continuous-batching engine of four
+// sequence slots (the hint) whose KV cache holds two of these requests at
+// a time. a and c run side by side; b arrives after them, waits 297 ms
+// for c's end with two slots free, and prefills for 400 ms: the timeline,
+// which sees slots and has no prefill estimate yet, reads the whole wait
+// as prefill. The engine's scrapes during b's wait counted two
+// requests running while three (a, c, and b behind them) were in the
+// engine: b was waiting at each of them, and its queue is at least the
+// last such scrape less its arrival, to one scrape interval.
+func TestEngineLoadWaitedBound(t *testing.T) {
+	run := func(interval float64, running int) (Request, SlotsSection) {
+		r, _, _ := newTest(t, Config{EngineSlots: 4})
+		load := &fakeHistory{}
+		r.SetEngineLoad(load)
+		for ms := 0.0; ms <= 1000; ms += interval {
+			load.set(at(ms), running, 0)
+		}
+		c := served(2, 150, 300, 1)
+		b := served(3, 700, 900, 2)
+		a := served(0, 100, 1000, 0)
+		for _, tr := range []*proxy.Trace{&c, &b, &a} {
+			r.Record(tr)
+		}
+		return r.Recent(2)[1], r.Slots()
+	}
+	rq, sl := run(10, 2)
+	require.Equal(t, SourceEngineLoad, rq.QueueSource)
+	require.InDelta(t, 287, rq.Queue.Millis(), 1e-6, "the last scrape before c's end, less b's arrival")
+	require.InDelta(t, 410, rq.Prefill.Millis(), 1e-6)
+	require.Equal(t, SlotsHint, sl.State, "a bound from the engine's counts does not argue with the hint")
+	require.Equal(t, int64(-1), int64(rq.CacheInferredTokens), "a split resting on the scrape interval infers no cache")
+
+	// Scraped once a second: no scrape fell in b's wait, the timeline stands.
+	rq, _ = run(1000, 2)
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(0), rq.Queue)
+
+	// Three running at every scrape: b ran beside a and c from its
+	// arrival (an engine with room for all three); nothing bounds it.
+	rq, _ = run(10, 3)
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.Equal(t, Span(0), rq.Queue)
+}

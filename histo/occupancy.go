@@ -137,6 +137,9 @@ type placement struct {
 	// model's estimate of its prefill (waitedFor): the cost model does not
 	// learn from it (its own estimate would come back).
 	inferred bool
+	// byLoad is set when the queue is the bound the engine's scrapes
+	// during the wait gave (waitedBound): more than the timeline found.
+	byLoad bool
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -324,7 +327,11 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 			p.inferred = p.inferred || (soft >= 0 && ends[k] == soft)
 		}
 	}
+	// The engine's scrapes during its wait bound its queue below.
+	bound := o.waitedBound(e, ends, n-m, load.hist)
+	p.queue = max(p.queue, bound)
 	p.queue, e.lstart = o.lockedQueue(e, p.queue, pr.point, est, haveEst)
+	p.byLoad = bound > 0 && p.queue == bound
 	return p, warn
 }
 

@@ -19,7 +19,7 @@ const (
 	SourceHeaders       QueueSource = "headers"        // the engine sends its response head at slot start (learned): head − arrival
 	SourceServerPrefill QueueSource = "server_prefill" // the engine reported its prefill time: queue is the rest of TTFO
 	SourceLimiter       QueueSource = "limiter"        // the proxy's limiter held the request; the engine queue is ~0
-	SourceEngineLoad    QueueSource = "engine_load"    // the engine's /metrics had requests waiting the proxy could not see: TTFO − cold prefill estimate
+	SourceEngineLoad    QueueSource = "engine_load"    // the engine's /metrics showed waiting the timeline could not: requests it could not see (TTFO − cold prefill estimate), or the request still waiting at a scrape
 	SourceOccupancy     QueueSource = "occupancy"      // from the engine's slots as the proxy saw them fill and free
 	SourceModel         QueueSource = "model"          // estimated from the learned cold prefill rate
 	SourceNone          QueueSource = "none"           // not enough data: queue and prefill are unknown
@@ -172,6 +172,10 @@ func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 			pq, _ := tr.ProxyQueue()
 			sp = engineSplit(tr, max(p.queue, msp.Queue-pq), SourceEngineLoad)
 		}
+	case p.ok && p.byLoad:
+		// The engine's scrapes showed it waiting longer than the
+		// timeline found (a KV cache short for the traffic).
+		sp = engineSplit(tr, p.queue, SourceEngineLoad)
 	case p.ok:
 		sp = engineSplit(tr, p.queue, SourceOccupancy)
 	default:
