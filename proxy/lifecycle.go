@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -123,32 +122,8 @@ func (r *relay) CloseWithError(err error) error {
 		r.wdl.clear()
 	}
 	_ = r.resp.CloseBodyStream()
-	if cc := r.flushWait; cc != nil && err == nil && r.atEOF {
-		// The whole response is in fasthttp's writer, not yet on the wire:
-		// give back what the request holds now (the upstream connection, the
-		// limiter slot), and record once the bytes are out (flushed).
-		r.p.release(r)
-		cc.flushWait = r
-		return nil
-	}
 	r.p.finish(r)
 	return nil
-}
-
-// flushed finishes the request whose response fasthttp has just written on
-// c, if CloseWithError left one to it: connState calls it on the
-// connection's goroutine when c goes idle (after fasthttp's flush) or
-// closes, so that a response leaves before its Trace is made (forward
-// first, measure second). ClientDone is stamped again: the bytes are out.
-func (p *Proxy) flushed(c net.Conn) {
-	cc, ok := c.(*countedConn)
-	if !ok || cc.flushWait == nil {
-		return
-	}
-	r := cc.flushWait
-	cc.flushWait = nil
-	r.tr.ClientDone = time.Now()
-	p.finish(r)
 }
 
 // endTunnel ends a tunnel's request: its upstream connection is closed
@@ -288,7 +263,7 @@ func (r *relay) reusable() bool {
 func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
-	r.conn, r.clientHeader, r.trailers, r.flushWait = nil, nil, false, nil
+	r.conn, r.clientHeader, r.trailers = nil, nil, false
 	r.wdl.clear()
 	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown

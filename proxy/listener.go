@@ -176,10 +176,6 @@ type countedConn struct {
 	closed                 atomic.Bool
 	detached               atomic.Int32 // Closes still to ignore (detach)
 	lru.Links[countedConn]              // its place in l.idle while idle; guarded by l.idleMu
-	// flushWait is the request whose response fasthttp holds in its writer,
-	// to be finished once it is flushed (Proxy.flushed); only the
-	// connection's serving goroutine touches it.
-	flushWait *relay
 }
 
 // detach makes the next Close a no-op. fasthttp closes a hijacked

@@ -1,11 +1,7 @@
 package proxy
 
 import (
-	"bufio"
-	"io"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -112,49 +108,4 @@ func TestMarkIdleAllocs(t *testing.T) {
 	l.markIdle(a, false)
 	require.Zero(t, l.idle.Len())
 	require.Nil(t, l.idle.Oldest())
-}
-
-// blockingRecorder holds every Record until release is closed.
-type blockingRecorder struct {
-	NopRecorder
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (b *blockingRecorder) Record(*Trace) {
-	b.entered <- struct{}{}
-	<-b.release
-}
-
-// TestNonStreamAnswerBeforeRecord: forward first, measure second. A
-// non-stream answer reaches the client, whole, while its Trace is still
-// being made: the recording waits for fasthttp's flush (Proxy.flushed),
-// where it used to run between the body's write into fasthttp's writer and
-// the flush, so a slow Record held the answer back.
-func TestNonStreamAnswerBeforeRecord(t *testing.T) {
-	const answer = `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, answer)
-	}))
-	t.Cleanup(up.Close)
-	rec := &blockingRecorder{entered: make(chan struct{}, 4), release: make(chan struct{})}
-	base, p := startProxy(t, Config{Upstream: up.URL}, rec)
-	defer close(rec.release)
-	for range 2 { // the second on a pooled upstream connection
-		c := rawPost(t, base, "/v1/chat/completions", `{"model":"m","messages":[]}`)
-		require.NoError(t, c.SetReadDeadline(time.Now().Add(5*time.Second)))
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		require.NoError(t, err, "the answer must not wait for the recorder")
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, answer, string(body))
-		select {
-		case <-rec.entered: // recorded after the bytes left
-		case <-time.After(5 * time.Second):
-			t.Fatal("the request was never recorded")
-		}
-		require.GreaterOrEqual(t, p.Inflight(), int64(1), "in flight until its Trace is in")
-		rec.release <- struct{}{}
-	}
 }

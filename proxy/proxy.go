@@ -198,7 +198,6 @@ func (p *Proxy) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig
 // and finishes a hijack fasthttp dropped; the upstream pool closes the idle
 // connection bound to a client connection that closed.
 func (p *Proxy) connState(c net.Conn, s fasthttp.ConnState) {
-	p.flushed(c) // the last response is out (idle) or never will be (closed)
 	MarkIdle(c, s == fasthttp.StateNew || s == fasthttp.StateIdle)
 	if s == fasthttp.StateClosed {
 		p.abandonHijack(c)
@@ -331,7 +330,6 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.closeDelimited(ctx, r)
 		return
 	}
-	r.flushWait, _ = r.conn.(*countedConn)
 	ctx.Response.SetBodyStream(r, size)
 }
 

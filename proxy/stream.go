@@ -37,11 +37,7 @@ type relay struct {
 	// clientHeader is the client response's header while fasthttp writes
 	// the body, for the trailers copied at the end; nil without trailers.
 	clientHeader *fasthttp.ResponseHeader
-	// flushWait is the client connection when fasthttp writes the body
-	// (SetBodyStream) on a guarded listener's connection: a clean end is
-	// finished after fasthttp's flush (Proxy.flushed), not before it.
-	flushWait *countedConn
-	buf       []byte
+	buf          []byte
 
 	// isSSE: the body is a stream measured event by event, which
 	// forces it chunked to the client, one write and flush per read:
