@@ -79,17 +79,6 @@ type convTurn struct {
 	gap        time.Duration // the agent gap before the request
 	engine     time.Duration // the request's t_recv → t_end
 	busy       time.Duration // engine time the request added to its conversation
-	// perByte is the prompt tokens per canonical prompt byte that the
-	// request added to its conversation's previous turn (0: unknown): the
-	// tokens of messages, without the chat template's fixed parts (which
-	// may write the system prompt twice), for rateModel.sharedOnly.
-	perByte float64
-	// since counts the tracked requests recorded between the
-	// conversation's previous turn and this one (-1: its first): fewer
-	// than the engine's slots, and an engine with a cache per slot
-	// (ollama, llama.cpp, which evict the least recently used slot) still
-	// holds its history.
-	since int64
 }
 
 // turnMark is one turn in a conversation's timeline.
@@ -112,12 +101,8 @@ type convState struct {
 	turns         int
 	engine, agent time.Duration
 	gen           uint64 // the window that saw its latest turn
-	// lastTokens and lastBytes are the latest turn's prompt tokens (0:
-	// unknown) and canonical prompt bytes (convTurn.perByte); lastSeq its
-	// place in conversations.seq (convTurn.since).
-	lastTokens, lastBytes, lastSeq int64
-	marks                          [timelineTurns]turnMark
-	next                           int // ring position in marks
+	marks         [timelineTurns]turnMark
+	next          int // ring position in marks
 }
 
 // conversations holds the most recently active conversations, least
@@ -127,7 +112,6 @@ type conversations struct {
 	max   int
 	idle  time.Duration
 	byID  map[uint64]*convState
-	seq   int64                           // tracked requests recorded
 	order lru.List[convState, *convState] // most recently active first
 }
 
@@ -171,11 +155,8 @@ func (c *conversations) add(tr *proxy.Trace, gen uint64) convTurn {
 	}
 	recv, end, done := tr.Recv, later(tr.Recv, engineEnd(tr)), later(tr.Recv, doneAt(tr))
 	c.expire(recv)
-	t := convTurn{tracked: true, engine: end.Sub(recv), gap: -1, since: -1}
+	t := convTurn{tracked: true, engine: end.Sub(recv), gap: -1}
 	st := c.byID[res.ConversationID]
-	if st != nil {
-		t.since = c.seq - st.lastSeq - 1
-	}
 	switch {
 	case st == nil:
 		st = c.insert(res.ConversationID, recv)
@@ -200,14 +181,6 @@ func (c *conversations) add(tr *proxy.Trace, gen uint64) convTurn {
 		st.engine += t.busy
 	}
 	st.lastEnd, st.lastDone = later(st.lastEnd, end), later(st.lastDone, done)
-	if dt, db := tr.PromptTokens-st.lastTokens, res.PromptBytes-st.lastBytes; !t.first && st.lastTokens > 0 && tr.PromptTokens > 0 && dt > 0 && db > 0 {
-		t.perByte = float64(dt) / float64(db)
-	}
-	if tr.PromptTokens > 0 {
-		st.lastTokens, st.lastBytes = tr.PromptTokens, res.PromptBytes
-	}
-	st.lastSeq = c.seq
-	c.seq++
 	st.turns++
 	st.gen = gen
 	st.marks[st.next] = turnMark{turn: res.Turn, status: tr.Status, start: recv.Sub(st.first), engine: t.engine, gap: t.gap}

@@ -116,13 +116,6 @@ type rateModel struct {
 	// perByte is prompt tokens per request body byte, smoothed: the
 	// prompt size of a request without usage (its client left).
 	perByte float64
-	// turnPerByte is prompt tokens per canonical prompt byte that turns
-	// added to their conversations, smoothed (0 before any): the tokens
-	// of the messages after the shared system prompt (sharedOnly).
-	turnPerByte float64
-	// firstTokens, firstBytes and firstSystem are the last first turn's
-	// prompt tokens, canonical bytes and system bytes (learnFirstTurn).
-	firstTokens, firstBytes, firstSystem int64
 }
 
 // rates is the model read once per Record.
@@ -158,97 +151,15 @@ func promptParts(tr *proxy.Trace, withReuse bool) (n, cached float64, ok bool) {
 	return p - cached, cached, true
 }
 
-// sharedOnly is tr's prompt split as an engine with a cache per slot
-// serves it once its slots held other conversations since tr's previous
-// turn (convTurn.since): from the slot's cache only the prefix
-// the conversations share, at most the system and tools segments (agents
-// share their system prompt), however much of the prompt the proxy saw
-// sent before. Its tokens are the prompt's less the other segments' bytes
-// at perByte, the tokens per byte turns add to conversations (the chat
-// template's fixed tokens, which can write the system prompt twice, stay
-// with the shared part), else the segments' share of the bytes. Against
-// ollama with 8 conversations on one slot the engine reused only the
-// shared system prompt (632 tokens) on every turn; learned as the proxy's
-// reuse (the whole history), the turns' new tokens were a third to a half
-// of the truth and the inferred cache −59%.
-func sharedOnly(tr *proxy.Trace, perByte float64) (n, cached float64) {
-	p, pr := float64(tr.PromptTokens), &tr.Prefix
-	if pr.PromptBytes <= 0 {
-		return p, 0
-	}
-	shared := float64(pr.SystemBytes + pr.ToolsBytes)
-	limit := p * min(max(pr.Reuse, 0), 1)
-	cached = p * shared / float64(pr.PromptBytes)
-	if perByte > 0 {
-		cached = p - (float64(pr.PromptBytes)-shared)*perByte
-	}
-	cached = math.Round(min(max(cached, 0), limit))
-	return p - cached, cached
-}
-
-// turnPerByteNow reads turnPerByte.
-func (m *rateModel) turnPerByteNow() float64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.turnPerByte
-}
-
-// learnTurnBytes follows the prompt tokens per byte that turns add to
-// their conversations (x, 0: none).
-func (m *rateModel) learnTurnBytes(x float64) {
-	if x <= 0 {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.turnPerByte == 0 {
-		m.turnPerByte = x
-		return
-	}
-	m.turnPerByte += (x - m.turnPerByte) / 16
-}
-
-// firstTurnApart is how many bytes two first turns with the same system
-// prompt must differ by to tell the tokens per byte of what follows it.
-const firstTurnApart = 32
-
-// learnFirstTurn learns turnPerByte from tr, a conversation's first turn,
-// and the one before it: agents that share a system prompt differ in
-// their tasks, and the tokens of the difference over its bytes are those
-// of the messages after the system prompt. Before it, the first turns of
-// conversations started together were learned at the segments' byte
-// share (sharedOnly), which left out the chat template's tokens: against
-// ollama 500 of 632 cached tokens, twice the new tokens, and a cost model
-// half as slow per token as the engine.
-func (m *rateModel) learnFirstTurn(tr *proxy.Trace) {
-	pr := &tr.Prefix
-	if !pr.Tracked || tr.PromptTokens <= 0 || pr.PromptBytes <= 0 {
-		return
-	}
-	m.mu.Lock()
-	dt, db := tr.PromptTokens-m.firstTokens, pr.PromptBytes-m.firstBytes
-	same := m.firstTokens > 0 && m.firstSystem == pr.SystemBytes && (db >= firstTurnApart || db <= -firstTurnApart)
-	m.firstTokens, m.firstBytes, m.firstSystem = tr.PromptTokens, pr.PromptBytes, pr.SystemBytes
-	m.mu.Unlock()
-	if same && float64(dt)/float64(db) > 0 {
-		m.learnTurnBytes(float64(dt) / float64(db))
-	}
-}
-
 // learn adds tr's prefill time prefill (the split's, when it rests on
 // evidence or on the timeline), judged against the model rs read before tr
-// was split. evicted says the engine's slots held other conversations
-// since tr's previous turn (convTurn.since), so the proxy's reuse
-// overstates what an engine with a cache per slot kept.
-func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates, evicted bool) {
+// was split.
+func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
 	if tr.Failed() || !tr.UsageSeen || tr.PromptTokens <= 0 {
 		return
 	}
 	m.learnBytes(tr)
 	n, cached, _ := promptParts(tr, true)
-	if evicted && tr.CachedTokens < 0 && tr.Prefix.Tracked {
-		n, cached = sharedOnly(tr, m.turnPerByteNow())
-	}
 	if n < modelMinTokens || prefill <= 0 {
 		return
 	}

@@ -235,16 +235,11 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	if !rq.Failed {
 		set.observe(&rq, &v)
 	}
-	turn := r.add(&rq, tr, &v)
-	r.model.learnTurnBytes(turn.perByte)
-	if turn.tracked && turn.since < 0 {
-		r.model.learnFirstTurn(tr)
-	}
+	r.add(&rq, tr, &v)
 	// Learn after splitting, so a request is never judged by its own
 	// sample.
 	if prefill, ok := learnable(tr, sp, place); ok {
-		evicted := turn.since < 0 || turn.since >= int64(r.Slots().Effective)
-		r.model.learn(tr, prefill, rs, evicted)
+		r.model.learn(tr, prefill, rs)
 	}
 }
 
@@ -280,9 +275,8 @@ func (r *Recorder) warnSlots() {
 		zap.Int("used", s.Effective), zap.String("state", s.State))
 }
 
-// add puts rq, whose phases are v, into the current window under the
-// lock, and returns its turn in its conversation.
-func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) convTurn {
+// add puts rq, whose phases are v, into the current window under the lock.
+func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cur.retry.add(tr)
@@ -302,7 +296,6 @@ func (r *Recorder) add(rq *Request, tr *proxy.Trace, v *phaseValues) convTurn {
 		r.prom.dropped.Inc()
 	}
 	r.recent.put(rq)
-	return turn
 }
 
 // recordHDR records a successful request's evaluated phases. The caller
