@@ -274,7 +274,7 @@ func (r *relay) reset() {
 	r.usage = sse.UnknownUsage()
 	r.timing = sse.UnknownTiming()
 	r.capture = r.capture[:0]
-	if cap(r.capture) > 1<<20 {
+	if cap(r.capture) > 64<<10 { // as sse keeps (keptBytes): whole native answers with their context ids are often 100 KiB-1 MiB
 		r.capture = nil // do not pin a large body in the pool
 	}
 	r.atEOF, r.sawEnd = false, false

@@ -16,9 +16,9 @@ import (
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
-// eventLoop relays the streams on the event loop (Config.EventLoop) even
-// where serve's default does not: go test ./proxy/conformance/ -loop.
-var eventLoop = flag.Bool("loop", false, "relay streams on the event loop (serve --event-loop)")
+// eventLoop relays the streams on the event loop (Config.EventLoop); its
+// default is serve's, and -loop=false runs the suite on the goroutine relay.
+var eventLoop = flag.Bool("loop", proxy.DefaultEventLoop, "relay streams on the event loop (serve --event-loop; -loop=false: the goroutine relay)")
 
 // Models created by scripts/real-engine.sh from the same weights.
 const (
@@ -94,7 +94,7 @@ func newStackWith(t *testing.T, url string, cfg histo.Config, pcfg proxy.Config)
 	}
 	st.rec = rec
 	pcfg.Upstream = st.engine
-	pcfg.EventLoop = pcfg.EventLoop || proxy.DefaultEventLoop || *eventLoop
+	pcfg.EventLoop = pcfg.EventLoop || *eventLoop
 	p, err := proxy.New(pcfg, nil, rec)
 	if err != nil {
 		t.Fatal(err)
