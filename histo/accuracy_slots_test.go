@@ -96,14 +96,7 @@ func runSlotCase(t *testing.T, c slotCase) (slotTally, time.Duration, histo.Slot
 	acc := &accStack{stack: st, sim: s}
 	sendNatural(t, st.base, burstReq{id: "warm", body: msgsBody(coldPrompt("warm", 1000), 4096), maxTokens: 3})
 	reqs := naturalBurst("burst", c.burst, 5)
-	before := enqueued(s)
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		wg.Add(1)
-		go func() { defer wg.Done(); sendNatural(t, st.base, r) }()
-		waitEnqueued(t, s, before+int64(i))
-	}
-	wg.Wait()
+	sendInOrder(t, s, len(reqs), func(i int) { sendNatural(t, st.base, reqs[i]) })
 	var tally slotTally
 	var worst time.Duration
 	for _, r := range reqs {
@@ -266,14 +259,7 @@ func TestHeadSlotStartAccuracy(t *testing.T) {
 	var last []burstReq
 	for b := range 3 {
 		last = naturalBurst(fmt.Sprintf("burst%d", b), 6, 5+20*b)
-		before := enqueued(s)
-		var wg sync.WaitGroup
-		for i, r := range last {
-			wg.Add(1)
-			go func() { defer wg.Done(); sendNatural(t, st.base, r) }()
-			waitEnqueued(t, s, before+int64(i))
-		}
-		wg.Wait()
+		sendInOrder(t, s, len(last), func(i int) { sendNatural(t, st.base, last[i]) })
 	}
 	require.Equal(t, histo.HeadSlotStart, acc.rec.Slots().ResponseHead, "%+v", acc.rec.Slots())
 	var worst time.Duration

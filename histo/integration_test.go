@@ -79,6 +79,20 @@ func waitEnqueued(t *testing.T, s *sim.Server, n int64) {
 		"the engine never received request %d", n+1)
 }
 
+// sendInOrder sends n requests at once, each in its own goroutine, the
+// next only once the engine has enqueued the one before, so that their
+// order at the engine is their index; it returns when all have ended.
+func sendInOrder(t *testing.T, s *sim.Server, n int, send func(i int)) {
+	t.Helper()
+	before := enqueued(s)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { send(i) })
+		waitEnqueued(t, s, before+int64(i))
+	}
+	wg.Wait()
+}
+
 func (s *stack) post(t *testing.T, body string, header ...string) {
 	t.Helper()
 	req, err := http.NewRequest("POST", s.base+"/v1/chat/completions", strings.NewReader(body))

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,14 +37,10 @@ func TestOllamaNativeSplit(t *testing.T) {
 				DecodeTokensPerSec: 400, TokensPerEvent: 1, ExactLength: true, Seed: 1})
 			st := newStack(t, up, proxy.Config{}, histo.Config{})
 			const n = 6
-			before := enqueued(s)
-			var wg sync.WaitGroup
-			for i := range n {
+			sendInOrder(t, s, n, func(i int) {
 				path, body := nativeRequest(i, tc.whole)
-				wg.Go(func() { postNative(t, st.base+path, fmt.Sprintf("native-%d", i), body) })
-				waitEnqueued(t, s, before+int64(i))
-			}
-			wg.Wait()
+				postNative(t, st.base+path, fmt.Sprintf("native-%d", i), body)
+			})
 			for i := range n {
 				id := fmt.Sprintf("native-%d", i)
 				truth, ok := s.Truth(id)
@@ -120,16 +115,12 @@ func TestLlamaNativeWholeSplit(t *testing.T) {
 				DecodeTokensPerSec: 400, TokensPerEvent: 1, ExactLength: true, Seed: 1})
 			st := newStack(t, up, proxy.Config{}, histo.Config{})
 			const n = 6
-			before := enqueued(s)
-			var wg sync.WaitGroup
-			for i := range n {
+			sendInOrder(t, s, n, func(i int) {
 				id := fmt.Sprintf("native-%d", i)
 				prompt := coldPrompt(id, 400+200*i)[0]["content"]
 				b, _ := json.Marshal(map[string]any{"prompt": prompt, "stream": false})
-				wg.Go(func() { postNative(t, st.base+"/completion", id, string(b)) })
-				waitEnqueued(t, s, before+int64(i))
-			}
-			wg.Wait()
+				postNative(t, st.base+"/completion", id, string(b))
+			})
 			for i := range n {
 				id := fmt.Sprintf("native-%d", i)
 				truth, ok := s.Truth(id)
