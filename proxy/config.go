@@ -117,7 +117,8 @@ type Config struct {
 	// relay"); elsewhere it changes nothing.
 	EventLoop bool
 	// MaxCaptureBytes bounds how much of a non-stream JSON response is kept
-	// to read its usage. 0 means DefaultMaxCaptureBytes.
+	// to read its usage; a larger answer is relayed whole and read for
+	// none. 0 means DefaultMaxCaptureBytes.
 	MaxCaptureBytes int
 }
 

@@ -243,8 +243,14 @@ func (r *relay) endAt(t time.Time) {
 func (r *relay) measure(b []byte, t time.Time) {
 	r.tr.RespBytes += int64(len(b))
 	if !r.isSSE {
-		if r.capture != nil && len(r.capture)+len(b) <= r.p.cfg.MaxCaptureBytes {
+		switch {
+		case r.capture == nil:
+		case len(r.capture)+len(b) <= r.p.cfg.MaxCaptureBytes:
 			r.capture = append(r.capture, b...)
+		default:
+			// Over the bound: read no usage rather than a body with a
+			// hole where this chunk was (a smaller one after it would fit).
+			r.capture = nil
 		}
 		return
 	}
