@@ -45,8 +45,8 @@ const (
 	MinHeld         = 10000
 )
 
-// versus compares each anvilproxy target (the goroutine relay, the event
-// loop) with nginx measure by measure, from the same run: each stream
+// versus compares each anvilproxy target (serve's default, the goroutine
+// relay) with nginx measure by measure, from the same run: each stream
 // level's added latency, TTFB and CPU, the non-stream throughput and CPU,
 // and each capacity run's memory. The floor's figure and the ratio to it
 // stand beside, for the fallback (within 10% of the floor). A

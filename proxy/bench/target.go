@@ -17,16 +17,19 @@ import (
 
 // Target names, in the order every round visits them.
 const (
-	Direct     = "direct"
+	Direct = "direct"
+	// AnvilProxy is anvilproxy serve as it runs by default: on Linux its
+	// streams are relayed by the event loops (proxy.DefaultEventLoop,
+	// docs/design.md "The event-loop relay").
 	AnvilProxy = "anvilproxy"
-	// AnvilLoop is anvilproxy serve --event-loop: the same build, its
-	// streams relayed by the event loops (docs/design.md "The event-loop
-	// relay"), in the same rounds as the goroutine relay.
-	AnvilLoop = "anvilproxy-loop"
-	Floor     = "floor"
-	Nginx     = "nginx"
-	Caddy     = "caddy"
-	HAProxy   = "haproxy"
+	// AnvilGoroutine is anvilproxy serve --event-loop=false: the same
+	// build relaying each stream on its connection's goroutine, in the
+	// same rounds.
+	AnvilGoroutine = "anvilproxy-goroutine"
+	Floor          = "floor"
+	Nginx          = "nginx"
+	Caddy          = "caddy"
+	HAProxy        = "haproxy"
 )
 
 // target is one way from the clients to the emitter: straight, or through
@@ -132,9 +135,7 @@ func launch(name string, cmd *exec.Cmd, addr, dir string) (*target, error) {
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
-	// Never outlive the bench. SIGTERM, not SIGKILL: nginx's master then
-	// stops its workers, which a killed master would leave behind.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
@@ -178,7 +179,7 @@ func (t *target) waitReady(limit time.Duration) error {
 }
 
 // startAnvil runs "anvilproxy serve" as a child process named name
-// (AnvilProxy or AnvilLoop): argv runs serve, and the flags it needs are
+// (AnvilProxy or AnvilGoroutine): argv runs serve, and the flags it needs are
 // appended.
 func startAnvil(name string, argv []string, upstream, dir, logLevel string, maxConns int) (*target, error) {
 	if len(argv) == 0 {
