@@ -32,6 +32,10 @@ const childProfileFlag = "--as-profiled-serve"
 // addresses: the bench's floor target.
 const floorRelayFlag = "--as-floor-relay"
 
+// httpFloorFlag makes "anvilproxy bench" run the fasthttp floor
+// (bench.RunHTTPFloor) the same way: the bench's floor-http target.
+const httpFloorFlag = "--as-http-floor"
+
 type benchFlags struct {
 	quick      bool
 	jsonOut    string
@@ -60,7 +64,7 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.SmallWorkers, "non-stream-clients", d.SmallWorkers, "closed-loop clients of the non-stream throughput test")
 	fs.IntVar(&c.SmallRounds, "non-stream-rounds", 0, fmt.Sprintf("interleaved rounds of the throughput test (default %d; --quick 2); -1 skips it", d.SmallRounds))
 	fs.DurationVar(&c.SmallCell, "non-stream-round", 0, fmt.Sprintf("length of one throughput round (default %v; --quick 500ms)", d.SmallCell))
-	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (serve as it runs by default: the event loop on Linux), anvilproxy-goroutine (serve --event-loop=false), floor (a Go epoll relay that measures nothing), nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (serve as it runs by default: the event loop on Linux), anvilproxy-goroutine (serve --event-loop=false), floor (a Go epoll relay that measures nothing), floor-http (a fasthttp reverse proxy that measures nothing), nginx, caddy, haproxy (default: all installed)")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
 	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
@@ -84,8 +88,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) >= 3 && args[0] == childProfileFlag {
 		return runProfiledServe(args[1], args[2], args[3:], stderr)
 	}
-	if len(args) == 3 && args[0] == floorRelayFlag {
-		return runFloorRelay(args[1], args[2])
+	if len(args) == 3 && (args[0] == floorRelayFlag || args[0] == httpFloorFlag) {
+		return runFloorRelay(args[0] == httpFloorFlag, args[1], args[2])
 	}
 	fs := newFlagSet("bench", benchUsage, stderr)
 	var f benchFlags
@@ -144,6 +148,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 // goroutine relay whatever they say.
 func (f *benchFlags) setArgv(cfg *bench.Config, exe string) error {
 	cfg.FloorArgv = []string{exe, "bench", floorRelayFlag}
+	cfg.HTTPFloorArgv = []string{exe, "bench", httpFloorFlag}
 	cfg.GoroutineArgv = append(append([]string{exe, "serve"}, f.proxyFlags...), "--event-loop=false")
 	cfg.ProxyArgv = []string{exe, "serve"}
 	if f.cpuProfile != "" || f.memProfile != "" {
@@ -304,8 +309,9 @@ func runProfiledServe(cpuPath, memPath string, args []string, stderr io.Writer) 
 	return errors.Join(err, out.Close())
 }
 
-// runFloorRelay serves the floor relay until SIGTERM or SIGINT.
-func runFloorRelay(listen, upstream string) error {
+// runFloorRelay serves the floor relay, or the fasthttp floor if http,
+// until SIGTERM or SIGINT.
+func runFloorRelay(http bool, listen, upstream string) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
@@ -316,6 +322,9 @@ func runFloorRelay(listen, upstream string) error {
 		<-sig
 		ln.Close()
 	}()
+	if http {
+		return bench.RunHTTPFloor(ln, upstream, 4096)
+	}
 	return bench.RunFloorRelay(ln, upstream, 0)
 }
 

@@ -84,6 +84,9 @@ type Config struct {
 	// FloorArgv runs the floor relay (RunFloorRelay); the bench appends
 	// its listen and upstream addresses. Empty skips the floor target.
 	FloorArgv []string
+	// HTTPFloorArgv runs the fasthttp floor (RunHTTPFloor) the same way.
+	// Empty skips the floor-http target.
+	HTTPFloorArgv []string
 	// HeapProfile makes the capacity run send SIGUSR1 to the anvilproxy
 	// child when its last wave holds every stream open: ProxyArgv then runs
 	// a serve that writes a heap profile on that signal.
@@ -188,7 +191,7 @@ func (c *Config) validate() error {
 	return nil
 }
 
-var allTargets = []string{Direct, AnvilProxy, AnvilGoroutine, Floor, Nginx, Caddy, HAProxy}
+var allTargets = []string{Direct, AnvilProxy, AnvilGoroutine, Floor, HTTPFloor, Nginx, Caddy, HAProxy}
 
 // anvilTargets are the targets that run this build: serve's default (the
 // event loop, on Linux) and the goroutine relay.
@@ -287,7 +290,8 @@ func (b *runner) startTargets() {
 		{AnvilGoroutine, func(_, up string) (*target, error) {
 			return startAnvil(AnvilGoroutine, b.cfg.GoroutineArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
 		}},
-		{Floor, func(_, up string) (*target, error) { return startFloor(b.cfg.FloorArgv, up, b.dir) }},
+		{Floor, func(_, up string) (*target, error) { return startFloor(Floor, b.cfg.FloorArgv, up, b.dir) }},
+		{HTTPFloor, func(_, up string) (*target, error) { return startFloor(HTTPFloor, b.cfg.HTTPFloorArgv, up, b.dir) }},
 		{Nginx, func(bin, up string) (*target, error) { return startNginx(bin, up, b.dir) }},
 		{Caddy, func(bin, up string) (*target, error) { return startCaddy(bin, up, b.dir) }},
 		{HAProxy, func(bin, up string) (*target, error) {
@@ -299,7 +303,7 @@ func (b *runner) startTargets() {
 			continue
 		}
 		bin := ""
-		if s.name == Floor && len(b.cfg.FloorArgv) == 0 {
+		if (s.name == Floor && len(b.cfg.FloorArgv) == 0) || (s.name == HTTPFloor && len(b.cfg.HTTPFloorArgv) == 0) {
 			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
 			continue
 		}
@@ -307,7 +311,7 @@ func (b *runner) startTargets() {
 			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
 			continue
 		}
-		if s.name != AnvilProxy && s.name != AnvilGoroutine && s.name != Floor {
+		if s.name != AnvilProxy && s.name != AnvilGoroutine && s.name != Floor && s.name != HTTPFloor {
 			var err error
 			if bin, err = exec.LookPath(s.name); err != nil {
 				b.rep.addTarget(&target{name: s.name}, "not installed (scripts/install-comparison-proxies.sh installs it)")

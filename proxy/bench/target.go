@@ -27,9 +27,12 @@ const (
 	// same rounds.
 	AnvilGoroutine = "anvilproxy-goroutine"
 	Floor          = "floor"
-	Nginx          = "nginx"
-	Caddy          = "caddy"
-	HAProxy        = "haproxy"
+	// HTTPFloor is a fasthttp reverse proxy that measures nothing
+	// (RunHTTPFloor): the floor of the non-stream path on fasthttp.
+	HTTPFloor = "floor-http"
+	Nginx     = "nginx"
+	Caddy     = "caddy"
+	HAProxy   = "haproxy"
 )
 
 // target is one way from the clients to the emitter: straight, or through
@@ -225,11 +228,12 @@ func serveFlags(argv []string) []string {
 	return nil
 }
 
-// startFloor runs the floor relay (RunFloorRelay) as a child process:
-// argv runs it, and the listen and upstream addresses are appended.
-func startFloor(argv []string, upstream, dir string) (*target, error) {
+// startFloor runs a floor (RunFloorRelay, or RunHTTPFloor for HTTPFloor)
+// as a child process named name: argv runs it, and the listen and
+// upstream addresses are appended.
+func startFloor(name string, argv []string, upstream, dir string) (*target, error) {
 	if len(argv) == 0 {
-		return nil, errors.New("no command to run the floor relay")
+		return nil, errors.New("no command to run the " + name + " target")
 	}
 	addr, err := freeAddr()
 	if err != nil {
@@ -237,11 +241,15 @@ func startFloor(argv []string, upstream, dir string) (*target, error) {
 	}
 	cmd := exec.Command(argv[0], append(argv[1:len(argv):len(argv)], addr, upstream)...)
 	cmd.Dir = dir
-	t, err := launch(Floor, cmd, addr, dir)
+	t, err := launch(name, cmd, addr, dir)
 	if err != nil {
 		return nil, err
 	}
 	t.version = "this build"
+	if name == HTTPFloor {
+		t.setup = "a fasthttp reverse proxy that measures nothing: fasthttp.Server and a HostClient, the response streamed (proxy/bench/floorhttp.go)"
+		return t, nil
+	}
 	t.setup = fmt.Sprintf("a TCP relay in Go that measures nothing: %d edge-triggered epoll loops on raw descriptors, one upstream connection per client connection (proxy/bench/floor_linux.go)", runtime.NumCPU())
 	return t, nil
 }
