@@ -196,3 +196,29 @@ func TestVersusLoopAndFloor(t *testing.T) {
 	require.NoError(t, r.WriteTable(&out))
 	require.Contains(t, out.String(), "1.10×")
 }
+
+// TestVersusNonStreamFloor: the non-stream rows' floor is floor-http's
+// when it ran (the floor relay parses no HTTP), the floor relay's when not.
+func TestVersusNonStreamFloor(t *testing.T) {
+	small := func(withHTTP bool) *Report {
+		res := []SmallTargetResult{{Target: AnvilProxy, RPS: 30000, CPUPerRequest: 30}, {Target: Nginx, RPS: 40000, CPUPerRequest: 15},
+			{Target: Floor, RPS: 60000, CPUPerRequest: 10}}
+		if withHTTP {
+			res = append(res, SmallTargetResult{Target: HTTPFloor, RPS: 45000, CPUPerRequest: 15})
+		}
+		r := &Report{Small: &SmallResult{Clients: 64, Results: res}}
+		r.Versus = versus(r)
+		return r
+	}
+	cpuFloor := func(r *Report) Num {
+		for _, v := range r.Versus {
+			if v.Measure == "CPU per non-stream request" {
+				return v.VsFloor
+			}
+		}
+		t.Fatal("no CPU per non-stream request row")
+		return 0
+	}
+	require.InDelta(t, 2.0, float64(cpuFloor(small(true))), 1e-9)
+	require.InDelta(t, 3.0, float64(cpuFloor(small(false))), 1e-9)
+}
