@@ -280,7 +280,9 @@ func (r *relay) reset() {
 	r.atEOF, r.sawEnd = false, false
 	r.inject, r.hold, r.holdOff, r.out = false, r.hold[:0], 0, r.out[:0]
 	r.attempt = false
-	r.left = nil
+	if r.gone.Load() { // closed by clientLeft; one never closed is kept for the next request
+		r.left = nil
+	}
 	r.gone.Store(false)
 	r.tr = Trace{}
 	readTiming(&r.tr, &r.timing) // unknown until the engine says: -1, never 0

@@ -99,7 +99,7 @@ func (l *guardedListener) Accept() (net.Conn, error) {
 			continue
 		}
 		l.open.Add(1)
-		return &countedConn{Conn: c, l: l}, nil
+		return newCountedConn(c, l), nil
 	}
 }
 
@@ -172,7 +172,12 @@ func (l *guardedListener) refuse(c net.Conn) {
 // it is closed.
 type countedConn struct {
 	net.Conn
-	l                      *guardedListener
+	l *guardedListener
+	// raw and fd are the socket's, taken once at accept (nil and -1 for a
+	// connection that has none): the client watch asks for them on every
+	// request, and net's SyscallConn and Control allocate each time.
+	raw                    syscall.RawConn
+	fd                     int
 	closed                 atomic.Bool
 	detached               atomic.Int32 // Closes still to ignore (detach)
 	lru.Links[countedConn]              // its place in l.idle while idle; guarded by l.idleMu
@@ -203,14 +208,29 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// newCountedConn wraps c, accepted by l.
+func newCountedConn(c net.Conn, l *guardedListener) *countedConn {
+	cc := &countedConn{Conn: c, l: l, fd: -1}
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			cc.raw = rc
+			_ = rc.Control(func(f uintptr) { cc.fd = int(f) })
+		}
+	}
+	return cc
+}
+
 // SyscallConn and NetConn keep the socket reachable through the wrapper,
 // for the client watcher and the lingering close.
 func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
-	sc, ok := c.Conn.(syscall.Conn)
-	if !ok {
+	if c.raw == nil {
 		return nil, errors.ErrUnsupported
 	}
-	return sc.SyscallConn()
+	return c.raw, nil
 }
+
+// sysFD is the socket's descriptor, or -1; valid while the connection is
+// open.
+func (c *countedConn) sysFD() int { return c.fd }
 
 func (c *countedConn) NetConn() net.Conn { return c.Conn }

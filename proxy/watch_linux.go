@@ -57,18 +57,10 @@ const (
 // start watches conn until stop; false means it cannot be watched (not a
 // socket), and stop need not be called.
 func (w *clientWatch) start(conn net.Conn) bool {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	fd := -1
 	// The fd stays open until stop returns: the request owns the
 	// connection, and fasthttp closes it only after the request ended.
-	if rc.Control(func(f uintptr) { fd = int(f) }) != nil || fd < 0 {
+	fd := connFD(conn)
+	if fd < 0 {
 		return false
 	}
 	w.mu.Lock()
@@ -221,4 +213,26 @@ func (h *watchHub) check(id uint64) {
 	default:
 		w.state = watchIdle // a pipelined request: no verdict, and no more watching
 	}
+}
+
+// connFD returns conn's socket descriptor, or -1: the guarded listener's
+// connections know theirs (countedConn.sysFD, no allocation); others are
+// asked through SyscallConn.
+func connFD(conn net.Conn) int {
+	if c, ok := conn.(interface{ sysFD() int }); ok {
+		return c.sysFD()
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return -1
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	fd := -1
+	if rc.Control(func(f uintptr) { fd = int(f) }) != nil {
+		return -1
+	}
+	return fd
 }

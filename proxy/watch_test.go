@@ -179,3 +179,34 @@ func TestWatchDelayedRegistration(t *testing.T) {
 	w2.stop()
 	require.Equal(t, base, hubRegistrations())
 }
+
+// TestWatchStartAllocs: arming and stopping the client watch on a guarded
+// listener's connection allocates nothing (the socket's descriptor is
+// taken once, at accept: countedConn.sysFD), and the descriptor is the
+// socket's.
+func TestWatchStartAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	peer, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer peer.Close()
+	c, err := ln.Accept()
+	require.NoError(t, err)
+	defer c.Close()
+	cc := newCountedConn(c, &guardedListener{})
+	require.Equal(t, connFD(c), cc.sysFD(), "the same descriptor as the socket's own")
+	require.GreaterOrEqual(t, cc.sysFD(), 0)
+	var w clientWatch
+	w.gone = func() {}
+	require.True(t, w.start(cc))
+	w.stop() // the first start made the timer
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		if w.start(cc) {
+			w.stop()
+		}
+	}))
+}

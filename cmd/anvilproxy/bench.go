@@ -32,6 +32,10 @@ const childProfileFlag = "--as-profiled-serve"
 // addresses: the bench's floor target.
 const floorRelayFlag = "--as-floor-relay"
 
+// httpFloorFlag makes "anvilproxy bench" run the fasthttp floor
+// (bench.RunHTTPFloor) the same way: the bench's floor-http target.
+const httpFloorFlag = "--as-http-floor"
+
 type benchFlags struct {
 	quick      bool
 	jsonOut    string
@@ -60,12 +64,12 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.SmallWorkers, "non-stream-clients", d.SmallWorkers, "closed-loop clients of the non-stream throughput test")
 	fs.IntVar(&c.SmallRounds, "non-stream-rounds", 0, fmt.Sprintf("interleaved rounds of the throughput test (default %d; --quick 2); -1 skips it", d.SmallRounds))
 	fs.DurationVar(&c.SmallCell, "non-stream-round", 0, fmt.Sprintf("length of one throughput round (default %v; --quick 500ms)", d.SmallCell))
-	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (goroutine relay), anvilproxy-loop (serve --event-loop), floor (a Go epoll relay that measures nothing), nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (serve as it runs by default: the event loop on Linux), anvilproxy-goroutine (serve --event-loop=false), floor (a Go epoll relay that measures nothing), floor-http (a fasthttp reverse proxy that measures nothing), nginx, caddy, haproxy (default: all installed)")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
 	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
 	fs.StringVar(&f.memProfile, "proxy-memprofile", "", "write a heap profile of the anvilproxy child to FILE while the capacity run holds every stream open (its last wave); needs --capacity")
-	fs.StringVar(&f.capacity, "capacity", "", "hold N slow streams open at once through anvilproxy, anvilproxy-loop, then nginx, and report their memory per stream; a comma-separated list (1000,10000) runs each; alone, runs only that")
+	fs.StringVar(&f.capacity, "capacity", "", "hold N slow streams open at once through anvilproxy, anvilproxy-goroutine, then nginx, and report their memory per stream; a comma-separated list (1000,10000) runs each; alone, runs only that")
 	fs.IntVar(&c.CapacityEvents, "capacity-events", d.CapacityEvents, "events per stream of the capacity run")
 	fs.DurationVar(&c.CapacityGap, "capacity-gap", d.CapacityGap, "time between events in the capacity run")
 	fs.DurationVar(&c.CapacityRamp, "capacity-ramp", d.CapacityRamp, "how long opening the capacity run's streams takes")
@@ -84,8 +88,8 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if len(args) >= 3 && args[0] == childProfileFlag {
 		return runProfiledServe(args[1], args[2], args[3:], stderr)
 	}
-	if len(args) == 3 && args[0] == floorRelayFlag {
-		return runFloorRelay(args[1], args[2])
+	if len(args) == 3 && (args[0] == floorRelayFlag || args[0] == httpFloorFlag) {
+		return runFloorRelay(args[0] == httpFloorFlag, args[1], args[2])
 	}
 	fs := newFlagSet("bench", benchUsage, stderr)
 	var f benchFlags
@@ -102,24 +106,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("finding the anvilproxy binary: %w", err)
 	}
-	cfg.ProxyArgv = []string{exe, "serve"}
-	cfg.FloorArgv = []string{exe, "bench", floorRelayFlag}
-	cfg.LoopArgv = append(append([]string{exe, "serve"}, f.proxyFlags...), "--event-loop")
-	if f.cpuProfile != "" || f.memProfile != "" {
-		cpu, err := absOrEmpty(f.cpuProfile) // the child runs in a temporary directory
-		if err != nil {
-			return err
-		}
-		mem, err := absOrEmpty(f.memProfile)
-		if err != nil {
-			return err
-		}
-		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, cpu, mem}
-		cfg.HeapProfile = mem != ""
+	if err := f.setArgv(&cfg, exe); err != nil {
+		return err
 	}
-	// The goroutine relay, whatever serve's default (proxy.DefaultEventLoop);
-	// --proxy-flag=--event-loop, after it, profiles the loop.
-	cfg.ProxyArgv = append(append(cfg.ProxyArgv, "--event-loop=false"), f.proxyFlags...)
 	cfg.Command = "anvilproxy bench " + strings.Join(args, " ")
 	cfg.Progress = stderr
 
@@ -143,11 +132,38 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if why := rep.Skipped(bench.AnvilProxy); why != "" {
 		return fmt.Errorf("anvilproxy did not run: %s", why)
 	}
-	for _, t := range []string{bench.AnvilProxy, bench.AnvilLoop} {
+	for _, t := range []string{bench.AnvilProxy, bench.AnvilGoroutine} {
 		if !rep.Intact(t) {
 			return fmt.Errorf("%s did not deliver every event intact: see the table", t)
 		}
 	}
+	return nil
+}
+
+// setArgv sets the commands that run the bench's children from the
+// binary exe: the anvilproxy target is serve as it runs by default
+// (proxy.DefaultEventLoop), profiled if asked (--proxy-flag=--event-loop=false
+// profiles the goroutine relay); the anvilproxy-goroutine target is serve
+// --event-loop=false, after the --proxy-flags so that it stays the
+// goroutine relay whatever they say.
+func (f *benchFlags) setArgv(cfg *bench.Config, exe string) error {
+	cfg.FloorArgv = []string{exe, "bench", floorRelayFlag}
+	cfg.HTTPFloorArgv = []string{exe, "bench", httpFloorFlag}
+	cfg.GoroutineArgv = append(append([]string{exe, "serve"}, f.proxyFlags...), "--event-loop=false")
+	cfg.ProxyArgv = []string{exe, "serve"}
+	if f.cpuProfile != "" || f.memProfile != "" {
+		cpu, err := absOrEmpty(f.cpuProfile) // the child runs in a temporary directory
+		if err != nil {
+			return err
+		}
+		mem, err := absOrEmpty(f.memProfile)
+		if err != nil {
+			return err
+		}
+		cfg.ProxyArgv = []string{exe, "bench", childProfileFlag, cpu, mem}
+		cfg.HeapProfile = mem != ""
+	}
+	cfg.ProxyArgv = append(cfg.ProxyArgv, f.proxyFlags...)
 	return nil
 }
 
@@ -293,8 +309,9 @@ func runProfiledServe(cpuPath, memPath string, args []string, stderr io.Writer) 
 	return errors.Join(err, out.Close())
 }
 
-// runFloorRelay serves the floor relay until SIGTERM or SIGINT.
-func runFloorRelay(listen, upstream string) error {
+// runFloorRelay serves the floor relay, or the fasthttp floor if http,
+// until SIGTERM or SIGINT.
+func runFloorRelay(http bool, listen, upstream string) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
@@ -305,6 +322,9 @@ func runFloorRelay(listen, upstream string) error {
 		<-sig
 		ln.Close()
 	}()
+	if http {
+		return bench.RunHTTPFloor(ln, upstream, 4096)
+	}
 	return bench.RunFloorRelay(ln, upstream, 0)
 }
 

@@ -72,16 +72,21 @@ type Config struct {
 	// CapacityRamp is how long opening a capacity run's streams takes.
 	CapacityRamp time.Duration
 
-	// ProxyArgv runs "anvilproxy serve"; the bench appends --upstream,
+	// ProxyArgv runs "anvilproxy serve" as it runs by default (the
+	// AnvilProxy target; the one profiled); the bench appends --upstream,
 	// --listen, --admin-listen, --log-level, --max-upstream-conns and
 	// --shutdown-grace. Empty skips anvilproxy.
 	ProxyArgv []string
-	// LoopArgv runs "anvilproxy serve --event-loop" (the AnvilLoop
-	// target), never profiled; the same flags are appended. Empty skips it.
-	LoopArgv []string
+	// GoroutineArgv runs "anvilproxy serve --event-loop=false" (the
+	// AnvilGoroutine target), never profiled; the same flags are appended.
+	// Empty skips it.
+	GoroutineArgv []string
 	// FloorArgv runs the floor relay (RunFloorRelay); the bench appends
 	// its listen and upstream addresses. Empty skips the floor target.
 	FloorArgv []string
+	// HTTPFloorArgv runs the fasthttp floor (RunHTTPFloor) the same way.
+	// Empty skips the floor-http target.
+	HTTPFloorArgv []string
 	// HeapProfile makes the capacity run send SIGUSR1 to the anvilproxy
 	// child when its last wave holds every stream open: ProxyArgv then runs
 	// a serve that writes a heap profile on that signal.
@@ -186,11 +191,11 @@ func (c *Config) validate() error {
 	return nil
 }
 
-var allTargets = []string{Direct, AnvilProxy, AnvilLoop, Floor, Nginx, Caddy, HAProxy}
+var allTargets = []string{Direct, AnvilProxy, AnvilGoroutine, Floor, HTTPFloor, Nginx, Caddy, HAProxy}
 
-// anvilTargets are the targets that run this build: the goroutine relay
-// and the event loop.
-var anvilTargets = []string{AnvilProxy, AnvilLoop}
+// anvilTargets are the targets that run this build: serve's default (the
+// event loop, on Linux) and the goroutine relay.
+var anvilTargets = []string{AnvilProxy, AnvilGoroutine}
 
 // Run runs the bench and returns its report. It stops every process it
 // started before it returns, also when ctx is cancelled.
@@ -282,10 +287,11 @@ func (b *runner) startTargets() {
 		{AnvilProxy, func(_, up string) (*target, error) {
 			return startAnvil(AnvilProxy, b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
 		}},
-		{AnvilLoop, func(_, up string) (*target, error) {
-			return startAnvil(AnvilLoop, b.cfg.LoopArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
+		{AnvilGoroutine, func(_, up string) (*target, error) {
+			return startAnvil(AnvilGoroutine, b.cfg.GoroutineArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
 		}},
-		{Floor, func(_, up string) (*target, error) { return startFloor(b.cfg.FloorArgv, up, b.dir) }},
+		{Floor, func(_, up string) (*target, error) { return startFloor(Floor, b.cfg.FloorArgv, up, b.dir) }},
+		{HTTPFloor, func(_, up string) (*target, error) { return startFloor(HTTPFloor, b.cfg.HTTPFloorArgv, up, b.dir) }},
 		{Nginx, func(bin, up string) (*target, error) { return startNginx(bin, up, b.dir) }},
 		{Caddy, func(bin, up string) (*target, error) { return startCaddy(bin, up, b.dir) }},
 		{HAProxy, func(bin, up string) (*target, error) {
@@ -297,15 +303,15 @@ func (b *runner) startTargets() {
 			continue
 		}
 		bin := ""
-		if s.name == Floor && len(b.cfg.FloorArgv) == 0 {
+		if (s.name == Floor && len(b.cfg.FloorArgv) == 0) || (s.name == HTTPFloor && len(b.cfg.HTTPFloorArgv) == 0) {
 			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
 			continue
 		}
-		if s.name == AnvilLoop && len(b.cfg.LoopArgv) == 0 {
+		if s.name == AnvilGoroutine && len(b.cfg.GoroutineArgv) == 0 {
 			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
 			continue
 		}
-		if s.name != AnvilProxy && s.name != AnvilLoop && s.name != Floor {
+		if s.name != AnvilProxy && s.name != AnvilGoroutine && s.name != Floor && s.name != HTTPFloor {
 			var err error
 			if bin, err = exec.LookPath(s.name); err != nil {
 				b.rep.addTarget(&target{name: s.name}, "not installed (scripts/install-comparison-proxies.sh installs it)")

@@ -39,7 +39,7 @@ func (b *runner) capacity(asked int) error {
 	}
 	res := b.rep.newCapacity(asked, lv, b.cfg.CapacityRamp)
 	b.targets = b.targets[:0] // the stream test's, stopped and their cuts noted: only the capacity run's from here
-	for _, name := range []string{AnvilProxy, AnvilLoop, Nginx} {
+	for _, name := range []string{AnvilProxy, AnvilGoroutine, Nginx} {
 		if !b.wanted(name) {
 			continue
 		}
@@ -75,11 +75,11 @@ func (b *runner) startCapacityTarget(name string, n int) (*target, error) {
 			return nil, nil
 		}
 		t, err = startAnvil(name, b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
-	case AnvilLoop:
-		if len(b.cfg.LoopArgv) == 0 {
+	case AnvilGoroutine:
+		if len(b.cfg.GoroutineArgv) == 0 {
 			return nil, nil
 		}
-		t, err = startAnvil(name, b.cfg.LoopArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+		t, err = startAnvil(name, b.cfg.GoroutineArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
 	case Nginx:
 		bin, lerr := exec.LookPath(Nginx)
 		if lerr != nil {

@@ -45,11 +45,12 @@ const (
 	MinHeld         = 10000
 )
 
-// versus compares each anvilproxy target (the goroutine relay, the event
-// loop) with nginx measure by measure, from the same run: each stream
+// versus compares each anvilproxy target (serve's default, the goroutine
+// relay) with nginx measure by measure, from the same run: each stream
 // level's added latency, TTFB and CPU, the non-stream throughput and CPU,
 // and each capacity run's memory. The floor's figure and the ratio to it
-// stand beside, for the fallback (within 10% of the floor). A
+// stand beside, for the fallback (within 10% of the floor): the
+// floor relay's, and for the non-stream rows floor-http's if it ran. A
 // measure anvilproxy or nginx did not run is left out.
 func versus(r *Report) []Versus {
 	var out []Versus
@@ -83,7 +84,12 @@ func versus(r *Report) []Versus {
 		}
 	}
 	if n := r.small(Nginx); n != nil {
-		f := r.small(Floor)
+		// The non-stream rows' floor is fasthttp's, when it ran: the floor
+		// relay parses no HTTP at all.
+		f := r.small(HTTPFloor)
+		if f == nil {
+			f = r.small(Floor)
+		}
 		for _, at := range anvilTargets {
 			a := r.small(at)
 			if a == nil {

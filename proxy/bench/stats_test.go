@@ -161,14 +161,14 @@ func TestWriteTable(t *testing.T) {
 	require.True(t, json.Valid(js.Bytes()))
 }
 
-// TestVersusLoopAndFloor: the event-loop target gets its own rows beside
-// the goroutine relay's, each with the floor's figure and the ratio to it,
-// and its own goals.
+// TestVersusLoopAndFloor: the goroutine-relay target gets its own rows
+// beside the default's (the loop), each with the floor's figure and the
+// ratio to it, and its own goals.
 func TestVersusLoopAndFloor(t *testing.T) {
 	r := &Report{Streams: []LevelResult{{Streams: 16, Events: 200, Results: []StreamResult{
 		{Target: Direct},
-		{Target: AnvilProxy, AddedEvent: &Added{P50: 30, P99: 90}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 22},
-		{Target: AnvilLoop, AddedEvent: &Added{P50: 20, P99: 60}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 11},
+		{Target: AnvilProxy, AddedEvent: &Added{P50: 20, P99: 60}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 11},
+		{Target: AnvilGoroutine, AddedEvent: &Added{P50: 30, P99: 90}, AddedTTFB: &Added{P50: 80, P99: 200}, CPUPer1000: 22},
 		{Target: Floor, AddedEvent: &Added{P50: 10, P99: 40}, AddedTTFB: &Added{P50: 40, P99: 100}, CPUPer1000: 10},
 		{Target: Nginx, AddedEvent: &Added{P50: 10, P99: 50}, AddedTTFB: &Added{P50: 50, P99: 100}, CPUPer1000: 12},
 	}}}}
@@ -180,19 +180,45 @@ func TestVersusLoopAndFloor(t *testing.T) {
 			cpu[v.Target] = v
 		}
 	}
-	require.Equal(t, "10.0", cpu[AnvilLoop].Floor)
-	require.InDelta(t, 1.1, float64(cpu[AnvilLoop].VsFloor), 1e-9)
-	require.True(t, *cpu[AnvilLoop].Met)
-	require.InDelta(t, 2.2, float64(cpu[AnvilProxy].VsFloor), 1e-9)
-	require.False(t, *cpu[AnvilProxy].Met)
+	require.Equal(t, "10.0", cpu[AnvilProxy].Floor)
+	require.InDelta(t, 1.1, float64(cpu[AnvilProxy].VsFloor), 1e-9)
+	require.True(t, *cpu[AnvilProxy].Met)
+	require.InDelta(t, 2.2, float64(cpu[AnvilGoroutine].VsFloor), 1e-9)
+	require.False(t, *cpu[AnvilGoroutine].Met)
 	goals := map[string]bool{}
 	for _, c := range checks(r) {
 		goals[c.Goal] = true
 	}
-	require.True(t, goals["anvilproxy-loop: 16 streams, proxy CPU per 1,000 events: at or below nginx's"])
+	require.True(t, goals["anvilproxy-goroutine: 16 streams, proxy CPU per 1,000 events: at or below nginx's"])
 	require.True(t, goals["16 streams, proxy CPU per 1,000 events: at or below nginx's"])
-	require.True(t, goals["0 events lost or reordered through anvilproxy-loop"])
+	require.True(t, goals["0 events lost or reordered through anvilproxy-goroutine"])
 	var out bytes.Buffer
 	require.NoError(t, r.WriteTable(&out))
 	require.Contains(t, out.String(), "1.10×")
+}
+
+// TestVersusNonStreamFloor: the non-stream rows' floor is floor-http's
+// when it ran (the floor relay parses no HTTP), the floor relay's when not.
+func TestVersusNonStreamFloor(t *testing.T) {
+	small := func(withHTTP bool) *Report {
+		res := []SmallTargetResult{{Target: AnvilProxy, RPS: 30000, CPUPerRequest: 30}, {Target: Nginx, RPS: 40000, CPUPerRequest: 15},
+			{Target: Floor, RPS: 60000, CPUPerRequest: 10}}
+		if withHTTP {
+			res = append(res, SmallTargetResult{Target: HTTPFloor, RPS: 45000, CPUPerRequest: 15})
+		}
+		r := &Report{Small: &SmallResult{Clients: 64, Results: res}}
+		r.Versus = versus(r)
+		return r
+	}
+	cpuFloor := func(r *Report) Num {
+		for _, v := range r.Versus {
+			if v.Measure == "CPU per non-stream request" {
+				return v.VsFloor
+			}
+		}
+		t.Fatal("no CPU per non-stream request row")
+		return 0
+	}
+	require.InDelta(t, 2.0, float64(cpuFloor(small(true))), 1e-9)
+	require.InDelta(t, 3.0, float64(cpuFloor(small(false))), 1e-9)
 }

@@ -96,7 +96,7 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	if len(r.Versus) > 0 {
 		p.f("\nanvilproxy beside nginx and the floor, this run. Goal: at or below nginx on every row (requests/s: at or above). Ratio: anvilproxy / nginx.\n")
-		p.f("floor: the floor relay's figure (added p50 for a latency pair); ÷floor: anvilproxy / floor, the issue's fallback is ≤ 1.10 (requests/s ≥ 0.90).\n")
+		p.f("floor: the floor relay's figure (added p50 for a latency pair; for the non-stream rows floor-http's, if it ran); ÷floor: anvilproxy / floor, the issue's fallback is ≤ 1.10 (requests/s ≥ 0.90).\n")
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "measure\ttarget\tanvilproxy\tnginx\tratio\tverdict\tfloor\t÷floor")
 		for _, v := range r.Versus {

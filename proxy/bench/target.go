@@ -17,13 +17,19 @@ import (
 
 // Target names, in the order every round visits them.
 const (
-	Direct     = "direct"
+	Direct = "direct"
+	// AnvilProxy is anvilproxy serve as it runs by default: on Linux its
+	// streams are relayed by the event loops (proxy.DefaultEventLoop,
+	// docs/design.md "The event-loop relay").
 	AnvilProxy = "anvilproxy"
-	// AnvilLoop is anvilproxy serve --event-loop: the same build, its
-	// streams relayed by the event loops (docs/design.md "The event-loop
-	// relay"), in the same rounds as the goroutine relay.
-	AnvilLoop = "anvilproxy-loop"
-	Floor     = "floor"
+	// AnvilGoroutine is anvilproxy serve --event-loop=false: the same
+	// build relaying each stream on its connection's goroutine, in the
+	// same rounds.
+	AnvilGoroutine = "anvilproxy-goroutine"
+	Floor          = "floor"
+	// HTTPFloor is a fasthttp reverse proxy that measures nothing
+	// (RunHTTPFloor): the floor of the non-stream path on fasthttp.
+	HTTPFloor = "floor-http"
 	Nginx     = "nginx"
 	Caddy     = "caddy"
 	HAProxy   = "haproxy"
@@ -132,9 +138,7 @@ func launch(name string, cmd *exec.Cmd, addr, dir string) (*target, error) {
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
-	// Never outlive the bench. SIGTERM, not SIGKILL: nginx's master then
-	// stops its workers, which a killed master would leave behind.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
@@ -178,7 +182,7 @@ func (t *target) waitReady(limit time.Duration) error {
 }
 
 // startAnvil runs "anvilproxy serve" as a child process named name
-// (AnvilProxy or AnvilLoop): argv runs serve, and the flags it needs are
+// (AnvilProxy or AnvilGoroutine): argv runs serve, and the flags it needs are
 // appended.
 func startAnvil(name string, argv []string, upstream, dir, logLevel string, maxConns int) (*target, error) {
 	if len(argv) == 0 {
@@ -224,11 +228,12 @@ func serveFlags(argv []string) []string {
 	return nil
 }
 
-// startFloor runs the floor relay (RunFloorRelay) as a child process:
-// argv runs it, and the listen and upstream addresses are appended.
-func startFloor(argv []string, upstream, dir string) (*target, error) {
+// startFloor runs a floor (RunFloorRelay, or RunHTTPFloor for HTTPFloor)
+// as a child process named name: argv runs it, and the listen and
+// upstream addresses are appended.
+func startFloor(name string, argv []string, upstream, dir string) (*target, error) {
 	if len(argv) == 0 {
-		return nil, errors.New("no command to run the floor relay")
+		return nil, errors.New("no command to run the " + name + " target")
 	}
 	addr, err := freeAddr()
 	if err != nil {
@@ -236,11 +241,15 @@ func startFloor(argv []string, upstream, dir string) (*target, error) {
 	}
 	cmd := exec.Command(argv[0], append(argv[1:len(argv):len(argv)], addr, upstream)...)
 	cmd.Dir = dir
-	t, err := launch(Floor, cmd, addr, dir)
+	t, err := launch(name, cmd, addr, dir)
 	if err != nil {
 		return nil, err
 	}
 	t.version = "this build"
+	if name == HTTPFloor {
+		t.setup = "a fasthttp reverse proxy that measures nothing: fasthttp.Server and a HostClient, the response streamed (proxy/bench/floorhttp.go)"
+		return t, nil
+	}
 	t.setup = fmt.Sprintf("a TCP relay in Go that measures nothing: %d edge-triggered epoll loops on raw descriptors, one upstream connection per client connection (proxy/bench/floor_linux.go)", runtime.NumCPU())
 	return t, nil
 }
