@@ -53,6 +53,10 @@ func (l *lockLearner) observe(v uint8) {
 	l.next = (l.next + 1) % lockWindow
 }
 
+// free reports whether the engine is learned not to hold one: more
+// "free" votes than "held" ones.
+func (l *lockLearner) free() bool { return l.counts[lockFree] > l.counts[lockHeld] }
+
 // held reports whether the engine is learned to hold a batch lock.
 func (l *lockLearner) held() bool {
 	return l.counts[lockHeld] >= lockMin && l.counts[lockHeld] >= lockRatio*l.counts[lockFree]
@@ -62,7 +66,7 @@ func (l *lockLearner) held() bool {
 // arrival and before e's first output. The caller holds o.mu.
 func (o *occupancy) prefilling(x, e *occEntry) {
 	if x.occupies && x.pend > e.arrive && e.first >= 0 && x.lstart < e.first && x.pend > x.lstart && o.nPre < sweepMax {
-		o.pre[0][o.nPre], o.pre[1][o.nPre] = x.lstart, x.pend
+		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre] = x.lstart, x.pend, x.pt
 		o.nPre++
 	}
 }
@@ -76,26 +80,71 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // Only prefills that ended at least least before e's first output are
 // waited for.
 // It reads the entries the last scan collected. The caller holds o.mu.
-func (o *occupancy) lockEnd(e occEntry, start, least int64) int64 {
+func (o *occupancy) lockEnd(e occEntry, start, least int64) (end int64, solo bool) {
+	solo = true
 	for range o.nPre {
 		moved := false
 		for i := range o.nPre {
-			s0, f := o.pre[0][i], o.pre[1][i]
-			if startedFirst(s0, f, start, e.first) && start < f && f < e.first-least {
-				start, moved = f, true
+			s0, f, pt := o.pre[0][i], o.pre[1][i], o.pre[2][i]
+			alone := soloPrefill(s0, f, pt)
+			first := startedFirst(s0, f, start, e.first) || s0 == start && alone
+			if !first || start >= f {
+				continue
+			}
+			if f < e.first-least {
+				start, moved, solo = f, true, solo && alone
 			}
 		}
 		if !moved {
 			break
 		}
 	}
-	return start
+	return start, solo
+}
+
+// sharedPrefill reports whether e, whose slot started at start, prefilled
+// beside another request and was slowed by it: a prefill the scan
+// collected overlapped its own, and its own took longer than its point
+// estimate allows. Such a prefill is the batches' time, not its prompt's
+// alone, and the cost model does not learn from it (against ollama with
+// P=4 the model learned 3× its solo cost from a burst's shared prefills,
+// and the prefill floor then moved the next burst's queues to their
+// arrivals). The caller holds o.mu.
+func (o *occupancy) sharedPrefill(e occEntry, start int64, point time.Duration) bool {
+	if point <= 0 || soloPrefill(start, e.first, int64(point)) {
+		return false
+	}
+	for i := range o.nPre {
+		if min(o.pre[1][i], e.first)-max(o.pre[0][i], start) > int64(pointSlack) {
+			return true
+		}
+	}
+	return false
+}
+
+// soloPrefill reports whether a prefill from s0 to f, pt its point
+// estimate (0: none), had the engine to itself: it took less than
+// pointApart times its estimate (the proxy's prefill includes the
+// engine's own work before the slot, 18 ms of a 261 ms one). llamarunner decodes every slot's prompt chunk in one
+// batch on one thread, so prefills that share batches are each slowed by
+// the others' tokens (P=4, three requests sharing: 320 ms each where one
+// alone took 121 ms). A request that was in the engine during a solo
+// prefill was not prefilling: it waited for that batch, though it took its
+// slot at the same moment (ollama v0.17.4, P=4: four slots freed within
+// 4 ms, one request's 100 ms prefill alone, the three others starting when
+// it ended; docs/queue-split.md "The batch lock").
+func soloPrefill(s0, f, pt int64) bool {
+	return pt > 0 && float64(f-s0) < pointApart*float64(pt)+float64(pointSlack)
 }
 
 // lockedQueue learns from e, whose queue without a batch lock is queue,
 // and returns its queue with the lock when the engine is learned to hold
-// one. point and est are its prefill estimates (priors). The caller holds
-// o.mu.
+// one, or when e's own vote says it waited for one and the engine is not
+// learned to hold none (as one request that waited for an end takes its
+// queue from it before the slot hint is set aside): a fresh proxy's first
+// burst has too few votes to learn from, and every request of it that
+// waited was split as unqueued (ollama P=4: three of four). point and
+// est are its prefill estimates (priors). The caller holds o.mu.
 //
 // lstart is its start under the lock, learned or not: the requests after
 // it judge the lock by it (a start placed before the lock was learned
@@ -107,9 +156,10 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 	// shared their batches have their first outputs within milliseconds of
 	// each other.
 	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
-	end := o.lockEnd(e, start, least)
-	o.lock.observe(lockVote(o, e, start, end, point, est, haveEst))
-	if end == start || !o.lock.held() {
+	end, solo := o.lockEnd(e, start, least)
+	v := lockVote(o, e, start, end, solo, point, est, haveEst)
+	o.lock.observe(v)
+	if end == start || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
@@ -117,10 +167,16 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 
 // lockVote is e's evidence: it started at start without a lock, at end
 // with one.
-func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Duration, haveEst bool) uint8 {
+func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est time.Duration, haveEst bool) uint8 {
 	gap, from := e.first-end, e.first-start
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
+		return lockHeld
+	case end > start && point > 0 && solo && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
+		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
+		// The prefills it would have waited for ran at their own speed
+		// (soloPrefill): it did not share their batches, and its prefill
+		// from its start without the lock is too long to be its own.
 		return lockHeld
 	case end > start && point > 0 && o.sharedStart(end) && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
 		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
