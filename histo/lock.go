@@ -76,18 +76,22 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // after those in progress at that end, and so on (a prefill that began
 // with it, at the same placed start, shares its batch: ollama's waiting
 // requests take their slots together when the batch ends, though a
-// request that arrives a millisecond after another's slot start waits).
-// Only prefills that ended at least least before e's first output are
-// waited for.
-// It reads the entries the last scan collected. The caller holds o.mu.
-func (o *occupancy) lockEnd(e occEntry, start, least int64) (end int64, solo bool) {
+// request that arrives a millisecond after another's slot start waits;
+// unless that prefill ran alone at its speed and e's own from there is
+// too long for e alone: e waited for it). Only prefills that ended at
+// least least before e's first output are waited for. solo reports
+// whether every prefill it waited for ran alone (soloPrefill). point is
+// e's prefill estimate (0: none). It reads the entries the last scan
+// collected. The caller holds o.mu.
+func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration) (end int64, solo bool) {
 	solo = true
+	slow := point > 0 && float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack)
 	for range o.nPre {
 		moved := false
 		for i := range o.nPre {
 			s0, f, pt := o.pre[0][i], o.pre[1][i], o.pre[2][i]
 			alone := soloPrefill(s0, f, pt)
-			first := startedFirst(s0, f, start, e.first) || s0 == start && alone
+			first := startedFirst(s0, f, start, e.first) || s0 == start && alone && slow
 			if !first || start >= f {
 				continue
 			}
@@ -156,7 +160,7 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 	// shared their batches have their first outputs within milliseconds of
 	// each other.
 	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
-	end, solo := o.lockEnd(e, start, least)
+	end, solo := o.lockEnd(e, start, least, point)
 	v := lockVote(o, e, start, end, solo, point, est, haveEst)
 	o.lock.observe(v)
 	if end == start || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
