@@ -106,26 +106,6 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 	return start, solo
 }
 
-// sharedPrefill reports whether e, whose slot started at start, prefilled
-// beside another request and was slowed by it: a prefill the scan
-// collected overlapped its own, and its own took longer than its point
-// estimate allows. Such a prefill is the batches' time, not its prompt's
-// alone, and the cost model does not learn from it (against ollama with
-// P=4 the model learned 3× its solo cost from a burst's shared prefills,
-// and the prefill floor then moved the next burst's queues to their
-// arrivals). The caller holds o.mu.
-func (o *occupancy) sharedPrefill(e occEntry, start int64, point time.Duration) bool {
-	if point <= 0 || soloPrefill(start, e.first, int64(point)) {
-		return false
-	}
-	for i := range o.nPre {
-		if min(o.pre[1][i], e.first)-max(o.pre[0][i], start) > int64(pointSlack) {
-			return true
-		}
-	}
-	return false
-}
-
 // soloPrefill reports whether a prefill from s0 to f, pt its point
 // estimate (0: none), had the engine to itself: it took less than
 // pointApart times its estimate (the proxy's prefill includes the

@@ -145,10 +145,6 @@ type placement struct {
 	// byLoad is set when the queue is the bound the engine's scrapes
 	// during the wait gave (waitedBound): more than the timeline found.
 	byLoad bool
-	// shared is set when its prefill shared the engine with another's
-	// and was slowed by it (sharedPrefill): the cost model does not learn
-	// from it.
-	shared bool
 }
 
 // occupancy is the engine's timeline as the proxy sees it: the recent
@@ -341,7 +337,6 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	p.queue = max(p.queue, bound)
 	p.queue, e.lstart = o.lockedQueue(e, p.queue, pr.point, est, haveEst)
 	p.byLoad = bound > 0 && p.queue == bound
-	p.shared = o.sharedPrefill(e, e.lstart, pr.point)
 	return p, warn
 }
 

@@ -256,8 +256,7 @@ func learnable(tr *proxy.Trace, sp split, place placement) (time.Duration, bool)
 		// Not from a split that rests on the model's own estimate, nor
 		// on an unproven hint unless the request began at once all the
 		// same: nothing was ahead, or it ran beside all that were.
-		// Nor from a prefill slowed by another's beside it.
-		return sp.Prefill, sp.OK && !place.inferred && !place.shared && (place.ahead == 0 || place.streams > place.ahead || !place.unproven)
+		return sp.Prefill, sp.OK && !place.inferred && (place.ahead == 0 || place.streams > place.ahead || !place.unproven)
 	case SourceModel, SourceNone:
 		ttfo, ok := tr.TTFO()
 		if ok && !place.ok && tr.InflightAtAdmit == 0 {
