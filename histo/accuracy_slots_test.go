@@ -290,11 +290,12 @@ func TestBatchLockAccuracy(t *testing.T) {
 	for _, tc := range []struct {
 		jitter     time.Duration
 		holderLast bool // the long prompt that holds the lock has the longest answer: it ends, and is recorded, last
-	}{{0, false}, {2 * time.Millisecond, false}, {0, true}} {
+		shared     bool // the prefills that start together share the engine (sim.Config.SharedPrefill), as llamarunner's do
+	}{{0, false, false}, {2 * time.Millisecond, false, false}, {0, true, false}, {0, false, true}, {2 * time.Millisecond, false, true}} {
 		jitter := tc.jitter
-		t.Run(fmt.Sprintf("jitter %v holder ends last %v", jitter, tc.holderLast), func(t *testing.T) {
+		t.Run(fmt.Sprintf("jitter %v holder ends last %v shared %v", jitter, tc.holderLast, tc.shared), func(t *testing.T) {
 			cfg := slotEngine(slotCase{engine: sim.EngineOllama, slots: 4})
-			cfg.BatchLock, cfg.ArrivalJitter = sim.LockPrefill, jitter
+			cfg.BatchLock, cfg.ArrivalJitter, cfg.SharedPrefill = sim.LockPrefill, jitter, tc.shared
 			s, err := sim.New(cfg)
 			require.NoError(t, err)
 			hs := httptest.NewServer(s)

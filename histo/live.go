@@ -134,8 +134,21 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if occupied {
 			left--
 		}
-		if !ok || x.admit >= e.admit || x.first < 0 {
+		if !ok || x.admit >= e.admit+int64(slotsOrderWindow) || x.first < 0 {
 			continue // admitted after e: not ahead, not counted in flight
+		}
+		if x.admit >= e.admit {
+			// Admitted just after e, it may have reached the engine
+			// first (the engine's handlers race): not counted in flight
+			// at e's admission, but a prefill e may have waited for
+			// (ollama, P=2: a request admitted 2.4 ms after another took
+			// the slot first, and the other waited 450 ms for its
+			// prefill).
+			if x.first > e.arrive && x.first < e.first && n < len(o.liveAt) {
+				o.liveAt[n] = x
+				n++
+			}
+			continue
 		}
 		if oneSlot && x.first > e.first {
 			behind++
@@ -159,8 +172,8 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if o.nPre == sweepMax {
 			break
 		}
-		start := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance))
-		o.pre[0][o.nPre], o.pre[1][o.nPre] = start, x.first
+		start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance), 0)
+		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre] = start, x.first, 0
 		o.nPre++
 	}
 	return behind

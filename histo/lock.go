@@ -53,6 +53,10 @@ func (l *lockLearner) observe(v uint8) {
 	l.next = (l.next + 1) % lockWindow
 }
 
+// free reports whether the engine is learned not to hold one: more
+// "free" votes than "held" ones.
+func (l *lockLearner) free() bool { return l.counts[lockFree] > l.counts[lockHeld] }
+
 // held reports whether the engine is learned to hold a batch lock.
 func (l *lockLearner) held() bool {
 	return l.counts[lockHeld] >= lockMin && l.counts[lockHeld] >= lockRatio*l.counts[lockFree]
@@ -62,7 +66,7 @@ func (l *lockLearner) held() bool {
 // arrival and before e's first output. The caller holds o.mu.
 func (o *occupancy) prefilling(x, e *occEntry) {
 	if x.occupies && x.pend > e.arrive && e.first >= 0 && x.lstart < e.first && x.pend > x.lstart && o.nPre < sweepMax {
-		o.pre[0][o.nPre], o.pre[1][o.nPre] = x.lstart, x.pend
+		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre] = x.lstart, x.pend, x.pt
 		o.nPre++
 	}
 }
@@ -72,30 +76,59 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // after those in progress at that end, and so on (a prefill that began
 // with it, at the same placed start, shares its batch: ollama's waiting
 // requests take their slots together when the batch ends, though a
-// request that arrives a millisecond after another's slot start waits).
-// Only prefills that ended at least least before e's first output are
-// waited for.
-// It reads the entries the last scan collected. The caller holds o.mu.
-func (o *occupancy) lockEnd(e occEntry, start, least int64) int64 {
+// request that arrives a millisecond after another's slot start waits;
+// unless that prefill ran alone at its speed and e's own from there is
+// too long for e alone: e waited for it). Only prefills that ended at
+// least least before e's first output are waited for. solo reports
+// whether every prefill it waited for ran alone (soloPrefill). point is
+// e's prefill estimate (0: none). It reads the entries the last scan
+// collected. The caller holds o.mu.
+func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration) (end int64, solo bool) {
+	solo = true
+	slow := point > 0 && float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack)
 	for range o.nPre {
 		moved := false
 		for i := range o.nPre {
-			s0, f := o.pre[0][i], o.pre[1][i]
-			if startedFirst(s0, f, start, e.first) && start < f && f < e.first-least {
-				start, moved = f, true
+			s0, f, pt := o.pre[0][i], o.pre[1][i], o.pre[2][i]
+			alone := soloPrefill(s0, f, pt)
+			first := startedFirst(s0, f, start, e.first) || s0 == start && alone && slow
+			if !first || start >= f {
+				continue
+			}
+			if f < e.first-least {
+				start, moved, solo = f, true, solo && alone
 			}
 		}
 		if !moved {
 			break
 		}
 	}
-	return start
+	return start, solo
+}
+
+// soloPrefill reports whether a prefill from s0 to f, pt its point
+// estimate (0: none), had the engine to itself: it took less than
+// pointApart times its estimate (the proxy's prefill includes the
+// engine's own work before the slot, 18 ms of a 261 ms one). llamarunner decodes every slot's prompt chunk in one
+// batch on one thread, so prefills that share batches are each slowed by
+// the others' tokens (P=4, three requests sharing: 320 ms each where one
+// alone took 121 ms). A request that was in the engine during a solo
+// prefill was not prefilling: it waited for that batch, though it took its
+// slot at the same moment (ollama v0.17.4, P=4: four slots freed within
+// 4 ms, one request's 100 ms prefill alone, the three others starting when
+// it ended; docs/queue-split.md "The batch lock").
+func soloPrefill(s0, f, pt int64) bool {
+	return pt > 0 && float64(f-s0) < pointApart*float64(pt)+float64(pointSlack)
 }
 
 // lockedQueue learns from e, whose queue without a batch lock is queue,
 // and returns its queue with the lock when the engine is learned to hold
-// one. point and est are its prefill estimates (priors). The caller holds
-// o.mu.
+// one, or when e's own vote says it waited for one and the engine is not
+// learned to hold none (as one request that waited for an end takes its
+// queue from it before the slot hint is set aside): a fresh proxy's first
+// burst has too few votes to learn from, and every request of it that
+// waited was split as unqueued (ollama P=4: three of four). point and
+// est are its prefill estimates (priors). The caller holds o.mu.
 //
 // lstart is its start under the lock, learned or not: the requests after
 // it judge the lock by it (a start placed before the lock was learned
@@ -107,9 +140,10 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 	// shared their batches have their first outputs within milliseconds of
 	// each other.
 	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
-	end := o.lockEnd(e, start, least)
-	o.lock.observe(lockVote(o, e, start, end, point, est, haveEst))
-	if end == start || !o.lock.held() {
+	end, solo := o.lockEnd(e, start, least, point)
+	v := lockVote(o, e, start, end, solo, point, est, haveEst)
+	o.lock.observe(v)
+	if end == start || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
@@ -117,10 +151,16 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 
 // lockVote is e's evidence: it started at start without a lock, at end
 // with one.
-func lockVote(o *occupancy, e occEntry, start, end int64, point, est time.Duration, haveEst bool) uint8 {
+func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est time.Duration, haveEst bool) uint8 {
 	gap, from := e.first-end, e.first-start
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
+		return lockHeld
+	case end > start && point > 0 && solo && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
+		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
+		// The prefills it would have waited for ran at their own speed
+		// (soloPrefill): it did not share their batches, and its prefill
+		// from its start without the lock is too long to be its own.
 		return lockHeld
 	case end > start && point > 0 && o.sharedStart(end) && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
 		float64(gap) >= pointLow*float64(point)-float64(pointSlack):

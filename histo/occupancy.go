@@ -100,6 +100,11 @@ type occEntry struct {
 	end      int64 // the engine let its slot go (t_end, else t_last_token, else t_client_done)
 	last     int64 // its last output (t_last_token, else end): it produced output until then
 	release  int64 // the proxy stopped counting it in flight (t_client_done, else t_end)
+	// admitSeq and releaseSeq are the proxy's numbers of its admission
+	// and release (proxy.Trace.AdmitSeq; 0: none): they say exactly
+	// whether it was in flight at another's admission, where release, a
+	// stamp taken before the proxy's count fell, may not.
+	admitSeq, releaseSeq uint64
 	// lstart is its slot start under a batch lock (lockedQueue; arrive
 	// when it could not be placed) and pend the end of its prefill (its first output; for a prefill whose
 	// client left, when the engine finished it; -1 when unknown): while
@@ -158,7 +163,7 @@ type occupancy struct {
 	nSoft  int
 	runs   [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
 	nRuns  int
-	pre    [2][sweepMax]int64 // scratch: slot starts and prefill ends of the requests prefilling during one's wait
+	pre    [3][sweepMax]int64 // scratch: slot starts, prefill ends and point estimates (0: none) of the requests prefilling during one's wait
 	nPre   int
 	slots  slotLearner
 	lock   lockLearner
@@ -195,7 +200,7 @@ func (o *occupancy) entryOf(tr *proxy.Trace) (occEntry, bool) {
 	// (a later request then looks ahead of it); a stamp taken before the
 	// write can only be late if the write is late too.
 	e := occEntry{occupies: true, admit: o.rel(tr.Admit), arrive: o.rel(tr.Admit.Add(tr.Connect)), first: o.rel(tr.FirstOutput),
-		end: o.rel(tr.End), release: o.rel(tr.ClientDone)}
+		end: o.rel(tr.End), release: o.rel(tr.ClientDone), admitSeq: tr.AdmitSeq, releaseSeq: tr.ReleaseSeq}
 	e.lstart, e.pend = e.arrive, e.first
 	if e.end < 0 {
 		e.end = o.rel(tr.LastToken)
@@ -513,7 +518,7 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 	if tr.Admit.IsZero() {
 		return // refused before admission: never counted in flight
 	}
-	e := occEntry{admit: o.rel(tr.Admit), first: -1, release: o.rel(tr.ClientDone)}
+	e := occEntry{admit: o.rel(tr.Admit), first: -1, release: o.rel(tr.ClientDone), admitSeq: tr.AdmitSeq, releaseSeq: tr.ReleaseSeq}
 	if e.release < 0 {
 		e.release = o.rel(tr.End)
 	}
@@ -542,7 +547,13 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 	}
 	oneSlot := o.slots.effective() == 1
 	o.nPre = 0
-	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= e.first+int64(tailMargin) })
+	// A request without a first output (its client left in the prefill)
+	// is bounded by its end instead.
+	until := e.first
+	if until < 0 {
+		until = e.end
+	}
+	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= until+int64(tailMargin) })
 	for i := range min(later, sweepMax) {
 		o.overlap(o.at(i), &e)
 		o.prefilling(o.at(i), &e)
@@ -552,7 +563,7 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 		if x.release < e.admit-int64(occSettle) {
 			return m, mAdmit, true // older ones were released before e was admitted
 		}
-		if x.admit < e.admit && x.release > e.admit {
+		if inFlightAt(x, &e) {
 			mAdmit++
 		}
 		if !x.occupies {
@@ -575,6 +586,16 @@ func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
 	// Entries skipped as later are in flight at e's admission exactly
 	// when they would have counted in mAdmit: leaving both out keeps n.
 	return m, mAdmit, true
+}
+
+// inFlightAt reports whether x was among the requests the proxy counted
+// in flight at e's admission: by the proxy's numbers when both have them,
+// else by the stamps.
+func inFlightAt(x, e *occEntry) bool {
+	if x.admitSeq != 0 && x.releaseSeq != 0 && e.admitSeq != 0 {
+		return x.admitSeq < e.admitSeq && x.releaseSeq > e.admitSeq
+	}
+	return x.admit < e.admit && x.release > e.admit
 }
 
 // at is the i-th newest entry. The caller holds o.mu.

@@ -231,7 +231,7 @@ func (p *Proxy) release(r *relay) {
 		r.limited = false
 	}
 	if r.admitted {
-		p.upstream.Add(-1)
+		r.tr.ReleaseSeq = p.upstream.release()
 		r.admitted = false
 	}
 }

@@ -51,8 +51,8 @@ type Proxy struct {
 	aborting  atomic.Bool  // Abort ran: upstream failures are the shutdown's
 	bodyBytes atomic.Int64 // request body bytes held by requests in flight
 	nextID    atomic.Uint64
-	inflight  atomic.Int64 // requests being served, from headers read to trace emitted
-	upstream  atomic.Int64 // requests admitted upstream and not finished
+	inflight  atomic.Int64  // requests being served, from headers read to trace emitted
+	upstream  upstreamCount // requests admitted upstream and not finished, and the admissions and releases so far
 	relays    sync.Pool
 	hj        hijacks
 
@@ -394,8 +394,38 @@ func (p *Proxy) admit(r *relay) refusal {
 		tr.Admit = time.Now()
 	}
 	r.admitted = true
-	tr.InflightAtAdmit = int(p.upstream.Add(1) - 1)
+	tr.InflightAtAdmit, tr.AdmitSeq = p.upstream.admit()
 	return 0
+}
+
+// upstreamCount counts the requests admitted upstream and not released,
+// and numbers each admission and release, in one atomic word: the count
+// in the low countBits, the events above. So a request's count of the
+// others in flight at its admission and the numbers say the same thing: x
+// was among them exactly when x.AdmitSeq < AdmitSeq < x.ReleaseSeq. The
+// stamps cannot: ClientDone precedes the release (the event loop finishes
+// a stream on a goroutine of its own), and a client that sends its next
+// request on the last byte is admitted in between (histo's timeline then
+// saw one request ahead that had ended). Safe for concurrent use.
+type upstreamCount struct{ v atomic.Uint64 }
+
+const (
+	countBits = 20 // up to 1,048,575 requests in flight upstream
+	countMask = 1<<countBits - 1
+)
+
+// admit counts a request in: the others in flight, and its event number.
+func (c *upstreamCount) admit() (others int, seq uint64) {
+	v := c.v.Add(1<<countBits + 1)
+	return int(v&countMask) - 1, v >> countBits
+}
+
+// Load is the number in flight.
+func (c *upstreamCount) Load() int64 { return int64(c.v.Load() & countMask) }
+
+// release counts one out and returns its event number.
+func (c *upstreamCount) release() uint64 {
+	return c.v.Add(1<<countBits-1) >> countBits
 }
 
 // handleReadError answers requests fasthttp could not read (see

@@ -126,6 +126,11 @@ type Trace struct {
 	// one was admitted: the engine's load as the proxy sees it.
 	Limited         bool
 	InflightAtAdmit int
+	// AdmitSeq and ReleaseSeq number this request's admission upstream
+	// and its release among all the proxy's (0: none): another request
+	// was among the InflightAtAdmit exactly when its AdmitSeq < this
+	// AdmitSeq < its ReleaseSeq.
+	AdmitSeq, ReleaseSeq uint64
 
 	// Events seen on the stream, by kind. An event may count in several kinds.
 	Events          int

@@ -16,6 +16,13 @@ import (
 // late in the prefill.
 func TestAbandonedPrefillCountedAsQueue(t *testing.T) {
 	url, logPath := engineWithSlots(t, 1)
+	// The proxy starts in front of a running engine, as in the multi-slot
+	// tests: the first request to a server that just started loads its
+	// runner (310 ms for 320 tokens where a warm one takes ~70), and the
+	// cost model, which refuses samples twice as fast as its reference as
+	// cache hits, kept that one sample for all eight (docs/queue-split.md,
+	// "The occupancy split").
+	warmEngine(t, url)
 	st := newStackOn(t, url, histo.Config{})
 	// A session's worth of cold prompts first, of growing length (the
 	// tiny model's prefill per token grows with the context): what the
@@ -67,6 +74,7 @@ func TestAbandonedPrefillCountedAsQueue(t *testing.T) {
 		logAbandoned(t, abandoned)
 		follows = append(follows, next)
 	}
+	writeCapture(t, st, "abandoned-p1", 1, 0, follows)
 	for _, s := range follows {
 		tq := s.truthQueue()
 		if !s.rec.Queue.Known() {

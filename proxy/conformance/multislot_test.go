@@ -3,6 +3,9 @@ package conformance
 import (
 	"fmt"
 	"os"
+	"slices"
+	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +40,7 @@ func TestQueueSplitMultiSlot(t *testing.T) {
 					st := newStackOn(t, url, histo.Config{EngineSlots: hint})
 					ss := burstsThrough(t, st, logPath, []int{4, 8})
 					all = append(all, ss...)
+					writeCapture(t, st, fmt.Sprintf("multislot-p%d-%s", slots, name), slots, hint, ss)
 					if s := st.rec.Slots(); hint > 0 && (s.State == histo.SlotsHintLow || s.State == histo.SlotsHintHigh) {
 						barMissed(t, "the right hint %d was reported %q (learned %d)", hint, s.State, s.Learned)
 					}
@@ -100,7 +104,87 @@ func burstsThrough(t *testing.T, st *stack, logPath string, bursts []int) []*sam
 	for _, s := range ss {
 		logSample(t, s)
 	}
+	logSplitTable(t, ss)
 	return ss
+}
+
+// logSplitTable logs, per request and in order of arrival, the proxy's
+// view of the engine's timeline beside the engine's: the arrival the
+// split used (t_admit + connect), its slot start (arrival + queue), the
+// truth (the slot line), and what could have freed the slot: the stream
+// ends (t_end) and first outputs of the other requests before the truth,
+// nearest first. Times in ms from the first arrival. A row reads "which
+// event did the engine start this slot at, and which did the proxy pick".
+func logSplitTable(t *testing.T, ss []*sample) {
+	t.Helper()
+	if len(ss) == 0 {
+		return
+	}
+	stamp := func(r record, s histo.Span) time.Time {
+		if !s.Known() {
+			return time.Time{}
+		}
+		return r.Start.Add(time.Duration(s))
+	}
+	arrival := func(s *sample) time.Time {
+		return stamp(s.rec, s.rec.Stamps.Admit).Add(max(0, time.Duration(s.rec.Connect)))
+	}
+	order := slices.Clone(ss)
+	sort.SliceStable(order, func(a, b int) bool { return arrival(order[a]).Before(arrival(order[b])) })
+	t0 := arrival(order[0])
+	rel := func(at time.Time) string {
+		if at.IsZero() {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", ms(at.Sub(t0)))
+	}
+	name := map[*sample]string{}
+	for i, s := range order {
+		name[s] = fmt.Sprintf("r%d", i+1)
+		t.Logf("r%d is the proxy's request %d", i+1, s.rec.ID)
+	}
+	t.Logf("split table (ms from the first arrival; ends = t_end of others, firsts = their first outputs, before the truth, nearest first, as name@time):")
+	t.Logf("%-4s %-28s %5s %8s %8s %8s %8s %8s %8s %-10s %8s  %s", "req", "label", "slot", "arrive", "est", "truth", "first", "end", "error", "source", "prompt", "ends | firsts")
+	for _, s := range order {
+		arr := arrival(s)
+		est := time.Time{}
+		errq := "null"
+		if s.rec.Queue.Known() {
+			// queue includes the proxy's limiter wait, taken before the
+			// connect: the slot start is t_admit + connect + engine queue.
+			est = arr.Add(time.Duration(s.rec.Queue) - max(0, time.Duration(s.rec.ProxyQueue)))
+			errq = fmt.Sprintf("%+.1f", ms(time.Duration(s.rec.Queue)-s.truthQueue()))
+		}
+		type ev struct {
+			who string
+			at  time.Time
+		}
+		var ends, firsts []ev
+		for _, o := range order {
+			if o == s {
+				continue
+			}
+			if e := stamp(o.rec, o.rec.Stamps.End); !e.IsZero() && e.Before(s.slot.at.Add(30*time.Millisecond)) && e.After(arr.Add(-time.Millisecond)) {
+				ends = append(ends, ev{name[o], e})
+			}
+			if f := stamp(o.rec, o.rec.Stamps.FirstOutput); !f.IsZero() && f.Before(s.slot.at.Add(30*time.Millisecond)) && f.After(arr.Add(-time.Millisecond)) {
+				firsts = append(firsts, ev{name[o], f})
+			}
+		}
+		list := func(evs []ev) string {
+			sort.Slice(evs, func(a, b int) bool { return evs[a].at.After(evs[b].at) })
+			var b strings.Builder
+			for i, e := range evs {
+				if i == 3 {
+					break
+				}
+				fmt.Fprintf(&b, "%s@%s ", e.who, rel(e.at))
+			}
+			return b.String()
+		}
+		t.Logf("%-4s %-28s %5d %8s %8s %8s %8s %8s %8s %-10s %8d  %s| %s", name[s], s.label, s.slot.id, rel(arr), rel(est), rel(s.slot.at),
+			rel(stamp(s.rec, s.rec.Stamps.FirstOutput)), rel(stamp(s.rec, s.rec.Stamps.End)), errq, s.rec.QueueSource, s.slot.prompt, list(ends), list(firsts))
+	}
 }
 
 // logSample writes one request's truth beside the proxy's figures: the

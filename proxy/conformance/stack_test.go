@@ -49,6 +49,7 @@ type stack struct {
 	proxyURL string
 	adminURL string
 	rec      *histo.Recorder
+	capture  *capture // rec, keeping a copy of every Trace (capture_test.go)
 }
 
 // engineWithSlots is the base URL and log file of the server that
@@ -92,10 +93,10 @@ func newStackWith(t *testing.T, url string, cfg histo.Config, pcfg proxy.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st.rec = rec
+	st.rec, st.capture = rec, &capture{Recorder: rec}
 	pcfg.Upstream = st.engine
 	pcfg.EventLoop = pcfg.EventLoop || *eventLoop
-	p, err := proxy.New(pcfg, nil, rec)
+	p, err := proxy.New(pcfg, nil, st.capture)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,6 +100,7 @@ type result struct {
 	// (LockPrefill): from its slot start to its first token, or to the end
 	// of an abandoned prefill's run-on.
 	locked bool
+	group  *prefillGroup // the prefills it shares the engine with (SharedPrefill), nil if none
 
 	reasoning strings.Builder
 	content   strings.Builder
@@ -195,6 +196,7 @@ func (s *Server) run(ctx context.Context, t *ticket, j *job, out output) (*resul
 	res.admitted, res.slot = time.Now(), t.slot
 	s.mu.Lock()
 	res.locked, t.locked = t.locked, false // the lock passes to its prefill
+	res.group = t.group
 	s.mu.Unlock()
 	defer s.unlockPrefill(res) // a request that fails before its prefill gives it back
 	res.queue = res.admitted.Sub(j.arrived)

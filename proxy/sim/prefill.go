@@ -176,7 +176,18 @@ func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time) {
 func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *result, k int, start time.Time) error {
 	fresh := res.promptTokens - res.cachedTokens
 	defer s.unlockPrefill(res) // an abandoned prefill holds the lock while it runs on
-	if sleepUntil(ctx, timer, start.Add(s.prefillTime(j, res, fresh))) != nil {
+	d := s.prefillTime(j, res, fresh)
+	if g := res.group; g != nil {
+		s.mu.Lock()
+		g.add(d)
+		s.mu.Unlock()
+		select {
+		case <-g.done: // the others register as they start, microseconds apart
+			d = g.shared(d)
+		case <-ctx.Done(): // the sleep below ends at once
+		}
+	}
+	if sleepUntil(ctx, timer, start.Add(d)) != nil {
 		err := s.abort(j, res, PhasePrefill)
 		s.runOn(j, res, k, start)
 		return err

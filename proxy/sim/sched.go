@@ -1,6 +1,9 @@
 package sim
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // slot is one of the engine's Config.Slots sequences. Server.mu guards it.
 type slot struct {
@@ -21,8 +24,39 @@ type ticket struct {
 	ready  chan struct{} // closed when granted
 	// Guarded by Server.mu:
 	granted bool
-	locked  bool // it took the prefill lock with its slot (LockPrefill)
-	slot    int  // valid once granted
+	locked  bool          // it took the prefill lock with its slot (LockPrefill)
+	group   *prefillGroup // the requests granted with it (SharedPrefill)
+	slot    int           // valid once granted
+}
+
+// prefillGroup is the requests granted their slots in one dispatch pass
+// under LockPrefill with SharedPrefill: their prefills start together and
+// share the engine. Server.mu guards members and works; once done is
+// closed works is read without it.
+type prefillGroup struct {
+	members int
+	works   []time.Duration // each member's prefill alone, as they register
+	done    chan struct{}   // closed when every member registered
+}
+
+// add registers one member's prefill alone (0 for a member that left
+// before its prefill). The caller holds Server.mu.
+func (g *prefillGroup) add(w time.Duration) {
+	g.works = append(g.works, w)
+	if len(g.works) == g.members {
+		close(g.done)
+	}
+}
+
+// shared is how long a member whose prefill alone takes w takes beside
+// the others: Σ min(w_j, w) (every member gets an equal share of the
+// engine until it ends). Call it once done is closed.
+func (g *prefillGroup) shared(w time.Duration) time.Duration {
+	var d time.Duration
+	for _, x := range g.works {
+		d += min(x, w)
+	}
+	return d
 }
 
 // enqueue puts a request with prompt block hashes in the queue and grants
@@ -46,6 +80,7 @@ func (s *Server) dispatch() {
 	if s.cfg.BatchLock == LockPrefill && s.prefilling > 0 {
 		return // the engine's lock is held by a prefill: no slot can be taken
 	}
+	var group *prefillGroup
 	for len(s.queue) > 0 {
 		t := s.queue[0]
 		k := s.pickSlot(t.hashes)
@@ -66,6 +101,13 @@ func (s *Server) dispatch() {
 			// together; the next waits until they all end.
 			s.prefilling++
 			t.locked = true
+			if s.cfg.SharedPrefill {
+				if group == nil {
+					group = &prefillGroup{done: make(chan struct{})}
+				}
+				group.members++
+				t.group = group
+			}
 		}
 		close(t.ready)
 	}
@@ -122,6 +164,9 @@ func (s *Server) wait(ctx context.Context, t *ticket) error {
 		if t.locked {
 			t.locked = false
 			s.prefilling-- // it leaves before its prefill began
+		}
+		if t.group != nil {
+			t.group.add(0)
 		}
 		s.mu.Unlock()
 		s.release(t.slot)

@@ -1,0 +1,95 @@
+package conformance
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/histo"
+	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/retry"
+)
+
+// capture is the stack's Recorder: the histo.Recorder, and a copy of every
+// Trace it was given, so that a test can write the engine's timeline as the
+// proxy saw it beside the engine's truth (ANVIL_SPLIT_CAPTURE, below) and
+// histo's replay test can split it again offline (histo/replay_test.go).
+// A Trace holds stamps, sizes and counts, never prompt or completion text;
+// the retry tracker's client identity is cleared. Safe for concurrent use.
+type capture struct {
+	*histo.Recorder
+	mu     sync.Mutex
+	traces []proxy.Trace
+}
+
+// Record keeps a copy of tr and records it.
+func (c *capture) Record(tr *proxy.Trace) {
+	cp := *tr
+	cp.Retry = retry.Result{}
+	c.mu.Lock()
+	c.traces = append(c.traces, cp)
+	c.mu.Unlock()
+	c.Recorder.Record(tr)
+}
+
+// FirstOutput is the Recorder's (proxy.New finds it by type assertion).
+func (c *capture) FirstOutput(tr *proxy.Trace) { c.Recorder.FirstOutput(tr) }
+
+// Timeline is one captured case: the Traces in Record order, and the
+// engine's truth for those the test paired with a slot line.
+type Timeline struct {
+	Name        string        `json:"name"`
+	Slots       int           `json:"slots"`             // the engine's OLLAMA_NUM_PARALLEL
+	Hint        int           `json:"engine_slots_hint"` // histo.Config.EngineSlots (0: none)
+	Traces      []proxy.Trace `json:"traces"`
+	Truth       []TruthRow    `json:"truth"`
+	Engine      string        `json:"engine"`
+	LoadAverage string        `json:"load_average"`
+}
+
+// TruthRow is one request's truth: its slot line's time less the client's
+// send (the queue the tests hold the proxy to), and the slot line itself.
+type TruthRow struct {
+	ID        uint64    `json:"id"`
+	QueueMs   float64   `json:"queue_ms"`
+	SlotStart time.Time `json:"slot_start"`
+	Sent      time.Time `json:"client_sent"`
+	Prompt    int       `json:"prompt"`
+	Used      int       `json:"used"`
+}
+
+// writeCapture writes st's timeline and ss's truth to
+// $ANVIL_SPLIT_CAPTURE/<name>.json when that directory is set (histo's
+// replay test reads such files from histo/testdata/ollama/).
+func writeCapture(t *testing.T, st *stack, name string, slots, hint int, ss []*sample) {
+	t.Helper()
+	dir := os.Getenv("ANVIL_SPLIT_CAPTURE")
+	if dir == "" {
+		return
+	}
+	st.capture.mu.Lock()
+	tl := Timeline{Name: name, Slots: slots, Hint: hint, Traces: append([]proxy.Trace(nil), st.capture.traces...), Engine: "ollama v0.17.4 (llamarunner)"}
+	st.capture.mu.Unlock()
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		tl.LoadAverage = strings.TrimSpace(string(b))
+	}
+	for _, s := range ss {
+		if s.slot.at.IsZero() {
+			continue
+		}
+		tl.Truth = append(tl.Truth, TruthRow{ID: s.rec.ID, QueueMs: ms(s.truthQueue()), SlotStart: s.slot.at, Sent: s.resp.sent, Prompt: s.slot.prompt, Used: s.slot.used})
+	}
+	b, err := json.MarshalIndent(tl, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, name+".json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("timeline written to %s", path)
+}
