@@ -151,19 +151,34 @@ func promptParts(tr *proxy.Trace, withReuse bool) (n, cached float64, ok bool) {
 	return p - cached, cached, true
 }
 
-// learn adds tr's prefill time prefill (the split's, when it rests on
-// evidence or on the timeline), judged against the model rs read before tr
-// was split.
-func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
+// learnable reports whether tr may teach the cost model: it succeeded
+// with usage and a prompt. It learns tr's tokens per byte then.
+func (m *rateModel) learnable(tr *proxy.Trace) bool {
 	if tr.Failed() || !tr.UsageSeen || tr.PromptTokens <= 0 {
-		return
+		return false
 	}
 	m.learnBytes(tr)
+	return true
+}
+
+// learn adds tr's prefill time prefill (the split's, when it rests on
+// evidence or on the timeline), at its new tokens by promptParts, judged
+// against the model rs read before tr was split. The caller checked
+// learnable.
+func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
 	n, cached, _ := promptParts(tr, true)
-	if n < modelMinTokens || prefill <= 0 {
+	m.learnSample(n, cached, prefill.Seconds(), rs)
+}
+
+// learnSample adds a prefill of t seconds of n new tokens after cached
+// ones, judged against rs: one of fewer than modelMinTokens is left out,
+// one more than hitFactor times faster than rs predicts is refused as an
+// unknown cache hit.
+func (m *rateModel) learnSample(n, cached, t float64, rs rates) {
+	if n < modelMinTokens || t <= 0 {
 		return
 	}
-	x := rateSample{n: n, pos: cached + n/2, t: prefill.Seconds()}
+	x := rateSample{n: n, pos: cached + n/2, t: t}
 	if rs.any && hitFactor*x.t < reference(rs, n, cached) {
 		m.refuse(x)
 		return
@@ -602,6 +617,32 @@ func (r *Recorder) abandonedPrefill(tr *proxy.Trace, rs rates) time.Duration {
 
 // seconds is s seconds as a Duration.
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// corroborateWithin is how far a measured prefill may be from the cost
+// model's time at the slot cache's new tokens for the timing to confirm
+// the slot cache's count (a hit of 1,000 of 1,400 tokens against a miss
+// of all but 600 is a factor of about 2 in prefill).
+const corroborateWithin = 1.5
+
+// corroborated is the slot cache's count pred of tr's cached tokens when
+// the measured prefill confirms it (within corroborateWithin of the model
+// rs's time at the new tokens it leaves), else inferred, the timing's own
+// (inferCached). The timing's figure is read off a model fitted to the
+// earlier, shorter turns; on an engine whose prefill per token grows
+// with the context it reads every later turn as less cached than it was
+// (against ollama on one slot, −15% to −25% over conversations), while
+// which slot a turn found is a fact the timing only needs to confirm.
+func corroborated(pred, inferred int64, sp split, tr *proxy.Trace, rs rates) int64 {
+	if pred < 0 || inferred < 0 || pred >= tr.PromptTokens {
+		return inferred
+	}
+	est := rs.fit.cost(float64(tr.PromptTokens-pred), float64(pred))
+	t := sp.Prefill.Seconds()
+	if est <= 0 || t > corroborateWithin*est || corroborateWithin*t < est {
+		return inferred
+	}
+	return pred
+}
 
 // inferCached estimates, at the model rs, the prompt tokens tr had from
 // the engine's prefix cache: the prompt minus the new tokens the measured

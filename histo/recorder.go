@@ -129,6 +129,7 @@ type Recorder struct {
 	model  rateModel
 	occ    occupancy
 	head   headLearner
+	cache  slotCache     // the engine's per-slot prompt cache, as the proxy can tell it
 	load   engineLoadRef // the engine's /metrics counts (SetEngineLoad); nil without
 	totals proxyTotals   // for the agreement with the engine's /metrics (engine.go)
 	start  time.Time
@@ -215,6 +216,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !tr.Route.Generates() {
+		r.cache.record(slotTurn{id: tr.ID, held: true}, slotBounds{lo: 1}, &r.model)
 		r.occ.passing(tr)
 		r.recordOther(tr)
 		return
@@ -229,7 +231,15 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	newRequest(&rq, tr, sp, &v)
 	rq.Engine.setLoad(r.loadAt(tr))
 	r.totals.add(&rq)
-	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
+	// Only an engine with a cache per slot is replayed (its requests
+	// placed); the others' go by in the slot cache's admission order.
+	turn, perSlot, bounds := turnOf(tr, sp), r.perSlotCache(tr), boundsOf(r.Slots())
+	turn.ran = turn.ran && perSlot
+	inferred := inferCached(tr, sp, rs)
+	if perSlot {
+		inferred = corroborated(r.cache.predict(&turn, bounds), inferred, sp, tr, rs)
+	}
+	rq.CacheInferredTokens = Count(inferred)
 	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq)
 	if !rq.Failed {
@@ -237,10 +247,34 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	}
 	r.add(&rq, tr, &v)
 	// Learn after splitting, so a request is never judged by its own
-	// sample.
-	if prefill, ok := learnable(tr, sp, place); ok {
-		r.model.learn(tr, prefill, rs)
+	// sample. On an engine with a cache per slot the sample waits for
+	// the slot cache to place the request (slotcache.go).
+	if prefill, ok := learnable(tr, sp, place); ok && r.model.learnable(tr) {
+		if perSlot {
+			turn.learn, turn.prefill = true, prefill.Seconds()
+		} else {
+			r.model.learn(tr, prefill, rs)
+		}
 	}
+	r.cache.record(turn, bounds, &r.model)
+}
+
+// perSlotCache reports whether tr's new tokens are the slot cache's
+// (slotcache.go) rather than the proxy's reuse: the engine reported no
+// cached tokens and its response head leaves late, at the slot's start
+// or with the first output, as only llama.cpp's and ollama's do among the
+// engines researched (docs/engines.md): they keep a cache per slot. vLLM,
+// SGLang and TGI, whose heads leave at admission, share one prefix cache
+// among all requests, which the proxy's reuse describes.
+func (r *Recorder) perSlotCache(tr *proxy.Trace) bool {
+	if tr.CachedTokens >= 0 {
+		return false
+	}
+	switch r.head.current() {
+	case HeadSlotStart, HeadFirstOutput:
+		return true
+	}
+	return false
 }
 
 // learnable is the prefill time of tr the cost model may learn from: the
