@@ -618,30 +618,31 @@ func (r *Recorder) abandonedPrefill(tr *proxy.Trace, rs rates) time.Duration {
 // seconds is s seconds as a Duration.
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// corroborateWithin is how far a measured prefill may be from the cost
-// model's time at the slot cache's new tokens for the timing to confirm
-// the slot cache's count (a hit of 1,000 of 1,400 tokens against a miss
-// of all but 600 is a factor of about 2 in prefill).
-const corroborateWithin = 1.5
-
-// corroborated is the slot cache's count pred of tr's cached tokens when
-// the measured prefill confirms it (within corroborateWithin of the model
-// rs's time at the new tokens it leaves), else inferred, the timing's own
-// (inferCached). The timing's figure is read off a model fitted to the
-// earlier, shorter turns; on an engine whose prefill per token grows
-// with the context it reads every later turn as less cached than it was
-// (against ollama on one slot, −15% to −25% over conversations), while
-// which slot a turn found is a fact the timing only needs to confirm.
-func corroborated(pred, inferred int64, sp split, tr *proxy.Trace, rs rates) int64 {
-	if pred < 0 || inferred < 0 || pred >= tr.PromptTokens {
-		return inferred
+// refereed is the slot cache's count of tr's cached tokens, cached, or
+// alt, what tr gets had another request taken its slot first (one in
+// flight when tr is recorded may have, and only the timing tells): alt
+// when the measured prefill denies cached (more than hitFactor times
+// slower than the model rs says at its new tokens, the bound at which a
+// sample is refused as a hit) and is nearer to alt's time (by their
+// ratio). cached when the split or the model cannot say.
+func refereed(cached, alt int64, tr *proxy.Trace, sp split, rs rates) int64 {
+	if cached == alt || !sp.OK || !rs.any || tr.PromptTokens <= max(cached, alt) {
+		return cached
 	}
-	est := rs.fit.cost(float64(tr.PromptTokens-pred), float64(pred))
 	t := sp.Prefill.Seconds()
-	if est <= 0 || t > corroborateWithin*est || corroborateWithin*t < est {
-		return inferred
+	ec := reference(rs, float64(tr.PromptTokens-cached), float64(cached))
+	ea := reference(rs, float64(tr.PromptTokens-alt), float64(alt))
+	if t <= hitFactor*ec || ec <= 0 || ea <= 0 || math.Abs(math.Log(t/ea)) >= math.Abs(math.Log(t/ec)) {
+		return cached
 	}
-	return pred
+	return alt
+}
+
+// measuredPrefill reports whether tr's prefill time was measured, not
+// assumed (a split from the model or the engine's load takes the prompt
+// as cold), and its prompt is long enough for a cache figure.
+func measuredPrefill(tr *proxy.Trace, sp split) bool {
+	return sp.OK && sp.Source != SourceModel && sp.Source != SourceEngineLoad && tr.PromptTokens >= modelMinTokens
 }
 
 // inferCached estimates, at the model rs, the prompt tokens tr had from
@@ -650,7 +651,7 @@ func corroborated(pred, inferred int64, sp split, tr *proxy.Trace, rs rates) int
 // from the model, which assumes a cold prompt, no prompt size, too short a
 // prompt, or a model not ready).
 func inferCached(tr *proxy.Trace, sp split, rs rates) int64 {
-	if !sp.OK || sp.Source == SourceModel || sp.Source == SourceEngineLoad || tr.PromptTokens < modelMinTokens || !rs.ready {
+	if !measuredPrefill(tr, sp) || !rs.ready {
 		return -1
 	}
 	p := float64(tr.PromptTokens)

@@ -216,7 +216,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !tr.Route.Generates() {
-		r.cache.record(slotTurn{id: tr.ID, held: true}, slotBounds{lo: 1}, &r.model)
+		r.cache.record(slotTurn{id: tr.ID, held: true}, &r.model)
 		r.occ.passing(tr)
 		r.recordOther(tr)
 		return
@@ -231,13 +231,20 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	newRequest(&rq, tr, sp, &v)
 	rq.Engine.setLoad(r.loadAt(tr))
 	r.totals.add(&rq)
-	// Only an engine with a cache per slot is replayed (its requests
-	// placed); the others' go by in the slot cache's admission order.
-	turn, perSlot, bounds := turnOf(tr, sp), r.perSlotCache(tr), boundsOf(r.Slots())
-	turn.ran = turn.ran && perSlot
-	inferred := inferCached(tr, sp, rs)
+	// An engine that reports its cached tokens, or whose head leaves at
+	// admission (a shared prefix cache), is not replayed: its requests
+	// only go by in the slot cache's admission order. One whose head is
+	// not known yet is, so that the replay holds the first requests.
+	turn, perSlot := turnOf(tr, sp), r.perSlotCache(tr)
+	turn.ran = turn.ran && tr.CachedTokens < 0 && r.head.current() != HeadAdmission
+	inferred, slotCached := inferCached(tr, sp, rs), int64(0)
 	if perSlot {
-		inferred = corroborated(r.cache.predict(&turn, bounds), inferred, sp, tr, rs)
+		cached, alt := r.cache.predict(&turn, boundsOf(r.Slots()))
+		// The replay's count is the figure for requests whose prefill
+		// was measured, once the cost model has a sample to judge by.
+		if slotCached = refereed(cached, alt, tr, sp, rs); rs.any && measuredPrefill(tr, sp) {
+			inferred = slotCached
+		}
 	}
 	rq.CacheInferredTokens = Count(inferred)
 	set := r.prom.labeled(tr.Route, tr.Model)
@@ -247,16 +254,17 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	}
 	r.add(&rq, tr, &v)
 	// Learn after splitting, so a request is never judged by its own
-	// sample. On an engine with a cache per slot the sample waits for
-	// the slot cache to place the request (slotcache.go).
+	// sample. On an engine with a cache per slot the new tokens are the
+	// slot cache's, and the sample scores its replays once placed.
 	if prefill, ok := learnable(tr, sp, place); ok && r.model.learnable(tr) {
 		if perSlot {
-			turn.learn, turn.prefill = true, prefill.Seconds()
+			r.model.learnSample(float64(tr.PromptTokens-slotCached), float64(slotCached), prefill.Seconds(), rs)
+			turn.score, turn.prefill = true, prefill.Seconds()
 		} else {
 			r.model.learn(tr, prefill, rs)
 		}
 	}
-	r.cache.record(turn, bounds, &r.model)
+	r.cache.record(turn, &r.model)
 }
 
 // perSlotCache reports whether tr's new tokens are the slot cache's

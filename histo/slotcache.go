@@ -8,17 +8,18 @@ import (
 	"github.com/anvilproxy/anvilproxy/proxy/prefix"
 )
 
-// The per-slot cache (docs/queue-split.md "The prefill cost"): ollama and
-// llama.cpp keep one KV sequence per slot, the prompt (and answer) that
-// ran in it last, and give a request the free slot whose sequence shares
-// the longest prefix with its prompt. Under concurrent conversations a
-// turn often finds its slot taken by another conversation and reuses only
-// the system prompt they share, however much of its history the proxy
-// saw sent before: against ollama v0.17.4, 8 conversations on 1 and on 4
-// slots reused 612–625 tokens (the shared system prompt) on nearly every
-// turn. The cost model learns a turn's new tokens from what such an engine
-// kept, not from the proxy's reuse, or it reads prefills of 600 new tokens
-// as prefills of 200 and under-reads every cache hit after.
+// The per-slot cache (docs/engines.md "Cached tokens of an engine with a
+// cache per slot"): ollama and llama.cpp keep one KV sequence per slot,
+// the prompt (and answer) that ran in it last, and give a request the
+// free slot whose sequence shares the longest prefix with its prompt.
+// Under concurrent conversations a turn often finds its slot taken by
+// another conversation and reuses only the system prompt they share,
+// however much of its history the proxy saw sent before: against ollama
+// v0.17.4, 8 conversations on 1 and on 4 slots reused 612–631 tokens (the
+// shared system prompt) on nearly every turn. Learned from the proxy's
+// reuse, the cost model read prefills of 600 new tokens as prefills of
+// 200, and the timing's figure missed the engine's reuse by −15% to −90%
+// on one slot.
 //
 // slotCache replays the engine's choice with the proxy's own prefix
 // fingerprints (prefix.Chain: keyed hashes and byte counts, no text): S
@@ -33,12 +34,14 @@ import (
 // one whose cached tokens explain the measured prefills best (the
 // relative error of the cost model's time at its new tokens, smoothed)
 // among those the evidence allows (at least the learned count; the hint
-// while it stands) is the one the cost model learns from. Requests are placed in the order the
-// engine admitted them (their IDs, given at the proxy's admission; the
-// engine's queue is FIFO), not the order they end: a request is held
-// until every request admitted before it was recorded, at most
-// reorderRing requests back. Only requests the engine ran (usage with
-// prompt tokens) take a slot.
+// while it stands) gives each request's cached tokens (predict), which
+// the cost model learns from and the inferred figure is. Requests are
+// placed in the order the engine admitted them (their IDs, given at the
+// proxy's admission; the engine's queue is FIFO), not the order they
+// end: a request is held until every request admitted before it was
+// recorded, at most reorderRing requests back, and a prediction places
+// the held ones first. Only requests the engine ran (usage with prompt
+// tokens) take a slot.
 
 // Bounds of the slot cache: the slot counts replayed (an engine with
 // more keeps a cache per slot only as llama.cpp and ollama do, with a
@@ -52,8 +55,11 @@ const (
 	reorderRing  = 64
 	perByteApart = 16
 	freeSlack    = 2 * time.Millisecond
-	// scoreEvery is the smoothing of a replay's error (1/16 per sample).
+	// scoreEvery is the smoothing of a replay's error (1/16 per sample);
+	// a prefill within scoreSlack of the cost model's time at a replay's
+	// new tokens does not count against it.
 	scoreEvery = 16
+	scoreSlack = 1.25
 )
 
 // slotTurn is one request as the slot cache sees it.
@@ -64,9 +70,8 @@ type slotTurn struct {
 	start, end time.Time
 	chain      prefix.Chain
 	tokens     int64 // prompt tokens; ≤ 0 unknown
-	// learn: the cost model learns its prefill (seconds) once it is
-	// placed, at the new tokens the slot's cache leaves.
-	learn   bool
+	// score: its prefill (seconds) scores the replays once it is placed.
+	score   bool
 	prefill float64
 }
 
@@ -109,7 +114,7 @@ type slotCache struct {
 	// perByte is prompt tokens per canonical byte past a common prefix,
 	// learned from pairs of prompts that share one (0 before any).
 	perByte float64
-	chosen  int // the slot count learned from last (0: none yet)
+	scratch slotReplay // predict's copy of a replay
 }
 
 // turnOf is tr's slotTurn: its slot start (the split's, else its arrival
@@ -130,60 +135,86 @@ func turnOf(tr *proxy.Trace, sp split) slotTurn {
 }
 
 // record takes t, recorded now, and places it and every request it was
-// holding back, within bounds b. The cost model m learns the placed
-// requests that are due to (slotTurn.learn).
-func (c *slotCache) record(t slotTurn, b slotBounds, m *rateModel) {
+// holding back; the placed requests due to (slotTurn.score) score the
+// replays at the cost model m.
+func (c *slotCache) record(t slotTurn, m *rateModel) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if t.id == 0 {
-		c.place(&t, b, m) // not numbered (tests): no order to keep
+		c.place(&t, m) // not numbered (tests): no order to keep
 		return
 	}
 	if c.next == 0 {
 		c.next = t.id // those admitted before it and still in flight are placed when they end
 	}
 	if t.id < c.next {
-		c.place(&t, b, m) // held back too long, or admitted before the first recorded
+		c.place(&t, m) // held back too long, or admitted before the first recorded
 		return
 	}
 	for t.id >= c.next+reorderRing { // give up on the oldest missing ones
-		c.advance(b, m)
+		c.advance(m)
 	}
 	c.ring[t.id%reorderRing] = t
 	for c.ring[c.next%reorderRing].held && c.ring[c.next%reorderRing].id == c.next {
-		c.advance(b, m)
+		c.advance(m)
 	}
 }
 
 // predict is the prompt tokens of t that the best allowed replay's slot
-// serves as the slot cache stands now (the requests it holds back not
-// placed yet), or -1 before any request was placed. It changes nothing.
-func (c *slotCache) predict(t *slotTurn, b slotBounds) int64 {
+// serves: the replay as it stands, with the requests it holds back that
+// were admitted before t placed first (on a copy), so that a turn is
+// never predicted from a slot missing its conversation's previous turn
+// because another request admitted before that turn is still running.
+// alt is what t gets if its slot was taken first by another request: one
+// still in flight, which the replay cannot know of (its prompt is read
+// when it ends), or one the replay placed elsewhere (the split's start
+// times decide which slots were free): the best other slot's count.
+// Both 0 for a request the engine did not run. It changes nothing but
+// the tokens per byte, learned from the pair.
+func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64) {
+	if !t.ran {
+		return 0, 0
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !t.ran || c.chosen == 0 {
-		return -1
+	i := c.choose(b)
+	r := &c.replays[i]
+	if len(r.slots) == 0 {
+		r.slots = make([]cacheSlot, cacheSlotCounts[i])
 	}
-	r := &c.replays[c.choose(b)]
-	return c.cachedFrom(&r.slots[r.pick(&t.chain, t.start)], t)
+	c.scratch.slots = append(c.scratch.slots[:0], r.slots...)
+	if t.id != 0 && c.next != 0 {
+		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
+			if h := &c.ring[id%reorderRing]; h.held && h.id == id && h.ran {
+				c.scratch.slots[c.scratch.pick(&h.chain, h.start)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
+			}
+		}
+	}
+	k := c.scratch.pick(&t.chain, t.start)
+	c.learnPerByte(&c.scratch.slots[k], t)
+	cached = c.cachedFrom(&c.scratch.slots[k], t)
+	alt = cached
+	if len(c.scratch.slots) > 1 {
+		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickExcept(&t.chain, t.start, k)], t)
+	}
+	return cached, alt
 }
 
 // advance places the request numbered c.next, if held, and moves on.
-func (c *slotCache) advance(b slotBounds, m *rateModel) {
+func (c *slotCache) advance(m *rateModel) {
 	p := &c.ring[c.next%reorderRing]
 	if p.held && p.id == c.next {
 		t := *p
 		p.held = false
-		c.place(&t, b, m)
+		c.place(&t, m)
 	}
 	c.next++
 }
 
 // place gives t, in every replay, the slot the engine would have given
-// it; scores the replays by t's prefill and teaches the cost model the
-// best allowed one's new tokens, if t is due; and leaves t's prompt in
-// the slots.
-func (c *slotCache) place(t *slotTurn, b slotBounds, m *rateModel) {
+// it; scores the replays by t's prefill, if t is due; and leaves t's
+// prompt in the slots.
+func (c *slotCache) place(t *slotTurn, m *rateModel) {
 	if !t.ran {
 		return
 	}
@@ -197,23 +228,29 @@ func (c *slotCache) place(t *slotTurn, b slotBounds, m *rateModel) {
 		picked[i] = r.pick(&t.chain, t.start)
 		cached[i] = c.cachedFrom(&r.slots[picked[i]], t)
 	}
-	if t.learn && t.tokens > 0 {
+	if t.score && t.tokens > 0 {
 		rs := m.read()
 		if rs.any {
 			for i := range c.replays {
-				n := float64(t.tokens - cached[i])
-				e := min(abs(t.prefill-reference(rs, n, float64(cached[i])))/t.prefill, 1)
-				c.replays[i].score += (e - c.replays[i].score) / scoreEvery
+				est := reference(rs, float64(t.tokens-cached[i]), float64(cached[i]))
+				c.replays[i].score += (replayError(t.prefill, est) - c.replays[i].score) / scoreEvery
 			}
 		}
-		best := c.choose(b)
-		c.chosen = cacheSlotCounts[best]
-		c.learnPerByte(&c.replays[best].slots[picked[best]], t)
-		m.learnSample(float64(t.tokens-cached[best]), float64(cached[best]), t.prefill, rs)
 	}
 	for i := range c.replays {
 		c.replays[i].slots[picked[i]] = cacheSlot{used: true, chain: t.chain, tokens: t.tokens, end: t.end}
 	}
+}
+
+// replayError is how far a prefill of t seconds denies a replay whose
+// new tokens cost est by the cost model: 0 within [est/scoreSlack,
+// est·scoreSlack], else the relative distance to that range, at most 1.
+func replayError(t, est float64) float64 {
+	if t <= 0 {
+		return 0
+	}
+	lo, hi := est/scoreSlack, est*scoreSlack
+	return min(abs(t-min(max(t, lo), hi))/t, 1)
 }
 
 // choose is the replay the evidence allows that predicts the prefills
@@ -255,10 +292,16 @@ func abs(x float64) float64 {
 // did by the proxy's clock, the one whose holder ended first (it is the
 // one the request waited for).
 func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
+	return r.pickExcept(ch, start, -1)
+}
+
+// pickExcept is pick without slot except (-1: none): where the request
+// goes when another took its slot first.
+func (r *slotReplay) pickExcept(ch *prefix.Chain, start time.Time, except int) int {
 	best, longest := -1, int64(-1)
 	for k := range r.slots {
 		s := &r.slots[k]
-		if s.used && s.end.After(start.Add(freeSlack)) {
+		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
 			continue
 		}
 		_, b := prefix.Common(&s.chain, ch)
@@ -269,13 +312,13 @@ func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
 	if best >= 0 {
 		return best
 	}
-	best = 0
+	best = -1
 	for k := range r.slots {
-		if r.slots[k].end.Before(r.slots[best].end) {
+		if k != except && (best < 0 || r.slots[k].end.Before(r.slots[best].end)) {
 			best = k
 		}
 	}
-	return best
+	return max(best, 0)
 }
 
 // cachedFrom is the prompt tokens of t that slot s's sequence serves: its

@@ -75,14 +75,25 @@ func TestSlotCacheCounts(t *testing.T) {
 	require.Zero(t, c.cachedFrom(&cacheSlot{}, &other))
 }
 
+// feedSlots is Record's use of the slot cache for t: the cost model
+// learns its prefill at the predicted new tokens, then t is recorded
+// (placed in admission order, scoring the replays).
+func feedSlots(c *slotCache, m *rateModel, t slotTurn, b slotBounds) {
+	pred, _ := c.predict(&t, b)
+	m.learnSample(float64(t.tokens-pred), float64(pred), t.prefill, m.read())
+	t.score = true
+	c.record(t, m)
+}
+
 // TestSlotCacheLearnsSlotCount: three conversations take turns on an
 // engine with three slots, each turn starting while the other two
 // conversations' run, so that each keeps its own slot; the occupancy has
 // proven one slot only. The replays with fewer than three slots predict
-// misses that the prefill times deny, so the cost model learns from the
-// three-slot replay, whose new tokens are the truth: its cold rate comes
-// out exact. Requests recorded out of their admission order are placed
-// in it.
+// misses that the prefill times deny, so the three-slot replay is chosen
+// and the cost model learns the true new tokens: its cold rate comes out
+// exact. Requests are recorded out of their admission order, and a turn
+// is predicted from its conversation's previous one even while that is
+// still held back.
 func TestSlotCacheLearnsSlotCount(t *testing.T) {
 	var c slotCache
 	var m rateModel
@@ -91,6 +102,7 @@ func TestSlotCacheLearnsSlotCount(t *testing.T) {
 	id := uint64(1)
 	tokens := func(k int) int64 { return 600 + 220*int64(k) }
 	var held []slotTurn
+	b := slotBounds{lo: 1}
 	for k := range 8 {
 		for conv := uint64(1); conv <= 3; conv++ {
 			n := tokens(k)
@@ -98,27 +110,37 @@ func TestSlotCacheLearnsSlotCount(t *testing.T) {
 				n -= tokens(k - 1)
 			}
 			tt := slotTurn{id: id, held: true, ran: true, start: at, end: at.Add(25 * time.Millisecond),
-				chain: convChain(conv, k), tokens: tokens(k), learn: true, prefill: perToken * float64(n)}
+				chain: convChain(conv, k), tokens: tokens(k), prefill: perToken * float64(n)}
 			id++
 			at = at.Add(10 * time.Millisecond)
 			if conv == 2 { // recorded after the next one
 				held = append(held, tt)
 				continue
 			}
-			c.record(tt, slotBounds{lo: 1}, &m)
+			feedSlots(&c, &m, tt, b)
 			for _, h := range held {
-				c.record(h, slotBounds{lo: 1}, &m)
+				feedSlots(&c, &m, h, b)
 			}
 			held = held[:0]
 		}
 	}
-	require.Equal(t, 3, c.chosen)
+	require.Equal(t, 3, cacheSlotCounts[c.choose(b)])
 	rate, ok := m.rate()
 	require.True(t, ok)
 	require.InDelta(t, 1/perToken, rate, 0.02/perToken)
 	next := slotTurn{ran: true, start: at, chain: convChain(1, 8), tokens: tokens(8)}
-	require.Equal(t, tokens(7), c.predict(&next, slotBounds{lo: 1}))
+	require.Equal(t, tokens(7), first(c.predict(&next, b)))
 	// With a hint of one slot that stands, the one-slot replay: its slot
 	// holds conversation 3's turn, which shares the system prompt only.
-	require.Less(t, c.predict(&next, slotBounds{lo: 1, exact: 1}), tokens(0))
+	require.Less(t, first(c.predict(&next, slotBounds{lo: 1, exact: 1})), tokens(0))
+
+	// A turn whose previous one is held back (a request admitted before
+	// it has not ended) is predicted from it all the same.
+
+	c.record(slotTurn{id: id + 1, held: true, ran: true, start: at, end: at.Add(time.Millisecond), chain: convChain(1, 8), tokens: tokens(8)}, &m)
+
+	after := slotTurn{id: id + 2, ran: true, start: at.Add(time.Second), chain: convChain(1, 9), tokens: tokens(9)}
+	require.Equal(t, tokens(8), first(c.predict(&after, b)), "id %d is missing: %d is held", id, id+1)
 }
+
+func first(cached, _ int64) int64 { return cached }
