@@ -144,3 +144,30 @@ func TestSlotCacheLearnsSlotCount(t *testing.T) {
 }
 
 func first(cached, _ int64) int64 { return cached }
+
+// BenchmarkSlotCache is Record's slot cache work for one request on a
+// per-slot engine: the prediction (the chosen replay copied, the held
+// requests placed) and the placement in every replay, with every slot
+// holding a conversation.
+func BenchmarkSlotCache(b *testing.B) {
+	var c slotCache
+	var m rateModel
+	at := time.Unix(1000, 0)
+	bounds := slotBounds{lo: 4}
+	for i := range 256 {
+		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at,
+			chain: convChain(uint64(i%80), i/80), tokens: 800}, &m)
+	}
+	chains := make([]prefix.Chain, 80*8)
+	for i := range chains {
+		chains[i] = convChain(uint64(i%80), 4+i/80)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: at, end: at,
+			chain: chains[i%len(chains)], tokens: 800}
+		c.predict(&t, bounds)
+		c.record(t, &m)
+	}
+}
