@@ -619,20 +619,25 @@ func (r *Recorder) abandonedPrefill(tr *proxy.Trace, rs rates) time.Duration {
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // refereed is the slot cache's count of tr's cached tokens, cached, or
-// alt, what tr gets had another request taken its slot first (one in
-// flight when tr is recorded may have, and only the timing tells): alt
-// when the measured prefill denies cached (more than hitFactor times
-// slower than the model rs says at its new tokens, the bound at which a
-// sample is refused as a hit) and is nearer to alt's time (by their
-// ratio). cached when the split or the model cannot say.
-func refereed(cached, alt int64, tr *proxy.Trace, sp split, rs rates) int64 {
+// alt, what tr gets had another request taken its slot first, whichever
+// the measured prefill is nearer to at the model rs (by the ratio of the
+// times). Only a request still in flight when tr was recorded (inFlight:
+// admitted before it, its prompt not read yet) can have done so unseen;
+// without one, alt needs the prefill to deny cached too (more than
+// hitFactor times slower than its cost, the bound at which a sample is
+// refused as a hit), the split's start times having placed tr. cached
+// when the split or the model cannot say. Against ollama on 4 slots a
+// turn given its own previous slot by the replay had found it taken by a
+// request recorded after it (used=624 of 1,369 where the replay said
+// 1,194), its prefill 486 ms where the cost model said about half.
+func refereed(cached, alt int64, inFlight bool, tr *proxy.Trace, sp split, rs rates) int64 {
 	if cached == alt || !sp.OK || !rs.any || tr.PromptTokens <= max(cached, alt) {
 		return cached
 	}
 	t := sp.Prefill.Seconds()
 	ec := reference(rs, float64(tr.PromptTokens-cached), float64(cached))
 	ea := reference(rs, float64(tr.PromptTokens-alt), float64(alt))
-	if t <= hitFactor*ec || ec <= 0 || ea <= 0 || math.Abs(math.Log(t/ea)) >= math.Abs(math.Log(t/ec)) {
+	if t <= 0 || ec <= 0 || ea <= 0 || !inFlight && t <= hitFactor*ec || math.Abs(math.Log(t/ea)) >= math.Abs(math.Log(t/ec)) {
 		return cached
 	}
 	return alt

@@ -239,10 +239,10 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	turn.ran = turn.ran && tr.CachedTokens < 0 && r.head.current() != HeadAdmission
 	inferred, slotCached := inferCached(tr, sp, rs), int64(0)
 	if perSlot {
-		cached, alt := r.cache.predict(&turn, boundsOf(r.Slots()))
+		cached, alt, inFlight := r.cache.predict(&turn, boundsOf(r.Slots()))
 		// The replay's count is the figure for requests whose prefill
 		// was measured, once the cost model has a sample to judge by.
-		if slotCached = refereed(cached, alt, tr, sp, rs); rs.any && measuredPrefill(tr, sp) {
+		if slotCached = refereed(cached, alt, inFlight, tr, sp, rs); rs.any && measuredPrefill(tr, sp) {
 			inferred = slotCached
 		}
 	}

@@ -169,11 +169,13 @@ func (c *slotCache) record(t slotTurn, m *rateModel) {
 // still in flight, which the replay cannot know of (its prompt is read
 // when it ends), or one the replay placed elsewhere (the split's start
 // times decide which slots were free): the best other slot's count.
-// Both 0 for a request the engine did not run. It changes nothing but
-// the tokens per byte, learned from the pair.
-func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64) {
+// inFlight reports that a request admitted before t had not been
+// recorded: one that may have taken t's slot. Both counts 0 for a
+// request the engine did not run. It changes nothing but the tokens per
+// byte, learned from the pair.
+func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFlight bool) {
 	if !t.ran {
-		return 0, 0
+		return 0, 0, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -185,7 +187,12 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64) {
 	c.scratch.slots = append(c.scratch.slots[:0], r.slots...)
 	if t.id != 0 && c.next != 0 {
 		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
-			if h := &c.ring[id%reorderRing]; h.held && h.id == id && h.ran {
+			h := &c.ring[id%reorderRing]
+			if !h.held || h.id != id {
+				inFlight = true
+				continue
+			}
+			if h.ran {
 				c.scratch.slots[c.scratch.pick(&h.chain, h.start)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
 			}
 		}
@@ -197,7 +204,7 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64) {
 	if len(c.scratch.slots) > 1 {
 		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickExcept(&t.chain, t.start, k)], t)
 	}
-	return cached, alt
+	return cached, alt, inFlight
 }
 
 // advance places the request numbered c.next, if held, and moves on.

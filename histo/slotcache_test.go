@@ -79,7 +79,7 @@ func TestSlotCacheCounts(t *testing.T) {
 // learns its prefill at the predicted new tokens, then t is recorded
 // (placed in admission order, scoring the replays).
 func feedSlots(c *slotCache, m *rateModel, t slotTurn, b slotBounds) {
-	pred, _ := c.predict(&t, b)
+	pred, _, _ := c.predict(&t, b)
 	m.learnSample(float64(t.tokens-pred), float64(pred), t.prefill, m.read())
 	t.score = true
 	c.record(t, m)
@@ -143,7 +143,7 @@ func TestSlotCacheLearnsSlotCount(t *testing.T) {
 	require.Equal(t, tokens(8), first(c.predict(&after, b)), "id %d is missing: %d is held", id, id+1)
 }
 
-func first(cached, _ int64) int64 { return cached }
+func first(cached, _ int64, _ bool) int64 { return cached }
 
 // BenchmarkSlotCache is Record's slot cache work for one request on a
 // per-slot engine: the prediction (the chosen replay copied, the held
