@@ -32,7 +32,8 @@
 //     figures and /metrics (engine.go), goodput against SLOs (goodput.go).
 //   - The queue/prefill split (docs/queue-split.md): its sources (split.go),
 //     the engine timeline it reads (occupancy.go), the learned slot count
-//     (slots.go), the prefill cost model (rate.go), the batch lock
+//     (slots.go), the prefill cost model (rate.go), the per-slot prompt
+//     cache of ollama and llama.cpp, replayed (slotcache.go), the batch lock
 //     (lock.go), when the engine sends its head (head.go), the engine's
 //     scraped load as evidence (engineload.go), and the first outputs of
 //     requests still in flight (live.go).

@@ -151,19 +151,34 @@ func promptParts(tr *proxy.Trace, withReuse bool) (n, cached float64, ok bool) {
 	return p - cached, cached, true
 }
 
-// learn adds tr's prefill time prefill (the split's, when it rests on
-// evidence or on the timeline), judged against the model rs read before tr
-// was split.
-func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
+// learnable reports whether tr may teach the cost model: it succeeded
+// with usage and a prompt. It learns tr's tokens per byte then.
+func (m *rateModel) learnable(tr *proxy.Trace) bool {
 	if tr.Failed() || !tr.UsageSeen || tr.PromptTokens <= 0 {
-		return
+		return false
 	}
 	m.learnBytes(tr)
+	return true
+}
+
+// learn adds tr's prefill time prefill (the split's, when it rests on
+// evidence or on the timeline), at its new tokens by promptParts, judged
+// against the model rs read before tr was split. The caller checked
+// learnable.
+func (m *rateModel) learn(tr *proxy.Trace, prefill time.Duration, rs rates) {
 	n, cached, _ := promptParts(tr, true)
-	if n < modelMinTokens || prefill <= 0 {
+	m.learnSample(n, cached, prefill.Seconds(), rs)
+}
+
+// learnSample adds a prefill of t seconds of n new tokens after cached
+// ones, judged against rs: one of fewer than modelMinTokens is left out,
+// one more than hitFactor times faster than rs predicts is refused as an
+// unknown cache hit.
+func (m *rateModel) learnSample(n, cached, t float64, rs rates) {
+	if n < modelMinTokens || t <= 0 {
 		return
 	}
-	x := rateSample{n: n, pos: cached + n/2, t: prefill.Seconds()}
+	x := rateSample{n: n, pos: cached + n/2, t: t}
 	if rs.any && hitFactor*x.t < reference(rs, n, cached) {
 		m.refuse(x)
 		return
@@ -603,13 +618,45 @@ func (r *Recorder) abandonedPrefill(tr *proxy.Trace, rs rates) time.Duration {
 // seconds is s seconds as a Duration.
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
+// refereed is the slot cache's count of tr's cached tokens, cached, or
+// alt, what tr gets had another request taken its slot first, whichever
+// the measured prefill is nearer to at the model rs (by the ratio of the
+// times). Only a request still in flight when tr was recorded (inFlight:
+// admitted before it, its prompt not read yet) can have done so unseen;
+// without one, alt needs the prefill to deny cached too (more than
+// hitFactor times slower than its cost, the bound at which a sample is
+// refused as a hit), the split's start times having placed tr. cached
+// when the split or the model cannot say. Against ollama on 4 slots a
+// turn given its own previous slot by the replay had found it taken by a
+// request recorded after it (used=624 of 1,369 where the replay said
+// 1,194), its prefill 486 ms where the cost model said about half.
+func refereed(cached, alt int64, inFlight bool, tr *proxy.Trace, sp split, rs rates) int64 {
+	if cached == alt || !sp.OK || !rs.any || tr.PromptTokens <= max(cached, alt) {
+		return cached
+	}
+	t := sp.Prefill.Seconds()
+	ec := reference(rs, float64(tr.PromptTokens-cached), float64(cached))
+	ea := reference(rs, float64(tr.PromptTokens-alt), float64(alt))
+	if t <= 0 || ec <= 0 || ea <= 0 || !inFlight && t <= hitFactor*ec || math.Abs(math.Log(t/ea)) >= math.Abs(math.Log(t/ec)) {
+		return cached
+	}
+	return alt
+}
+
+// measuredPrefill reports whether tr's prefill time was measured, not
+// assumed (a split from the model or the engine's load takes the prompt
+// as cold), and its prompt is long enough for a cache figure.
+func measuredPrefill(tr *proxy.Trace, sp split) bool {
+	return sp.OK && sp.Source != SourceModel && sp.Source != SourceEngineLoad && tr.PromptTokens >= modelMinTokens
+}
+
 // inferCached estimates, at the model rs, the prompt tokens tr had from
 // the engine's prefix cache: the prompt minus the new tokens the measured
 // prefill time pays for. -1 when it cannot be estimated (no split, a split
 // from the model, which assumes a cold prompt, no prompt size, too short a
 // prompt, or a model not ready).
 func inferCached(tr *proxy.Trace, sp split, rs rates) int64 {
-	if !sp.OK || sp.Source == SourceModel || sp.Source == SourceEngineLoad || tr.PromptTokens < modelMinTokens || !rs.ready {
+	if !measuredPrefill(tr, sp) || !rs.ready {
 		return -1
 	}
 	p := float64(tr.PromptTokens)

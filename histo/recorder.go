@@ -129,6 +129,7 @@ type Recorder struct {
 	model  rateModel
 	occ    occupancy
 	head   headLearner
+	cache  slotCache     // the engine's per-slot prompt cache, as the proxy can tell it
 	load   engineLoadRef // the engine's /metrics counts (SetEngineLoad); nil without
 	totals proxyTotals   // for the agreement with the engine's /metrics (engine.go)
 	start  time.Time
@@ -215,6 +216,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !tr.Route.Generates() {
+		r.cache.record(slotTurn{id: tr.ID, held: true}, &r.model)
 		r.occ.passing(tr)
 		r.recordOther(tr)
 		return
@@ -229,7 +231,22 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	newRequest(&rq, tr, sp, &v)
 	rq.Engine.setLoad(r.loadAt(tr))
 	r.totals.add(&rq)
-	rq.CacheInferredTokens = Count(inferCached(tr, sp, rs))
+	// An engine that reports its cached tokens, or whose head leaves at
+	// admission (a shared prefix cache), is not replayed: its requests
+	// only go by in the slot cache's admission order. One whose head is
+	// not known yet is, so that the replay holds the first requests.
+	turn, perSlot := turnOf(tr, sp), r.perSlotCache(tr)
+	turn.ran = turn.ran && tr.CachedTokens < 0 && r.head.current() != HeadAdmission
+	inferred, slotCached := inferCached(tr, sp, rs), int64(0)
+	if perSlot {
+		cached, alt, inFlight := r.cache.predict(&turn, boundsOf(r.Slots()))
+		// The replay's count is the figure for requests whose prefill
+		// was measured, once the cost model has a sample to judge by.
+		if slotCached = refereed(cached, alt, inFlight, tr, sp, rs); rs.any && measuredPrefill(tr, sp) {
+			inferred = slotCached
+		}
+	}
+	rq.CacheInferredTokens = Count(inferred)
 	set := r.prom.labeled(tr.Route, tr.Model)
 	r.prom.tokens(&rq)
 	if !rq.Failed {
@@ -237,10 +254,35 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	}
 	r.add(&rq, tr, &v)
 	// Learn after splitting, so a request is never judged by its own
-	// sample.
-	if prefill, ok := learnable(tr, sp, place); ok {
-		r.model.learn(tr, prefill, rs)
+	// sample. On an engine with a cache per slot the new tokens are the
+	// slot cache's, and the sample scores its replays once placed.
+	if prefill, ok := learnable(tr, sp, place); ok && r.model.learnable(tr) {
+		if perSlot {
+			r.model.learnSample(float64(tr.PromptTokens-slotCached), float64(slotCached), prefill.Seconds(), rs)
+			turn.score, turn.prefill = true, prefill.Seconds()
+		} else {
+			r.model.learn(tr, prefill, rs)
+		}
 	}
+	r.cache.record(turn, &r.model)
+}
+
+// perSlotCache reports whether tr's new tokens are the slot cache's
+// (slotcache.go) rather than the proxy's reuse: the engine reported no
+// cached tokens and its response head leaves late, at the slot's start
+// or with the first output, as only llama.cpp's and ollama's do among the
+// engines researched (docs/engines.md): they keep a cache per slot. vLLM,
+// SGLang and TGI, whose heads leave at admission, share one prefix cache
+// among all requests, which the proxy's reuse describes.
+func (r *Recorder) perSlotCache(tr *proxy.Trace) bool {
+	if tr.CachedTokens >= 0 {
+		return false
+	}
+	switch r.head.current() {
+	case HeadSlotStart, HeadFirstOutput:
+		return true
+	}
+	return false
 }
 
 // learnable is the prefill time of tr the cost model may learn from: the

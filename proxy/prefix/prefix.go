@@ -283,7 +283,7 @@ func (t *Tracker) match(sc *scratch) Result {
 		cur = nd
 	}
 	k := len(path)
-	res := Result{Tracked: true, Segments: n, PromptBytes: segs[n-1].total, ReusableBytes: cur.cum}
+	res := Result{Tracked: true, Segments: n, PromptBytes: segs[n-1].total, ReusableBytes: cur.cum, Chain: chainOf(segs)}
 	if k < n && cur.next != nil && sameSlot(fps[k], cur.next.fp) {
 		off, _ := firstDiff(fps[k], cur.next.fp)
 		res.ReusableBytes += int64(off)

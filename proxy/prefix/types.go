@@ -161,6 +161,10 @@ type Result struct {
 
 	Drift Drift
 
+	// Chain is the prompt's prefix fingerprints at its first and last
+	// segment boundaries (ChainEnds each): keyed hashes and byte counts.
+	Chain Chain
+
 	// Masked is set when the request matches the previous one only because of
 	// Config.VolatileFields or VolatilePatterns: the engine, which sees the
 	// raw prompt, misses there; fixing those fields would let it hit.

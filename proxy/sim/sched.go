@@ -116,10 +116,14 @@ func (s *Server) dispatch() {
 // pickSlot returns a free slot for a prompt with block hashes hs, or -1.
 // With CacheSlot it is the one whose resident prompt shares the longest
 // prefix with hs, the least recently used among equals (as llama.cpp's
-// get_available_slot falls back to the LRU slot); otherwise the first free
-// one. The caller holds s.mu.
+// get_available_slot falls back to the LRU slot), or for EngineOllama the
+// lowest-numbered among equals (ollama's findLongestCacheSlot keeps the
+// first slot of the longest match, so a slot sharing only a system
+// prompt beats an empty one); otherwise the first free one. The caller
+// holds s.mu.
 func (s *Server) pickSlot(hs []uint64) int {
 	best, bestLen := -1, -1
+	lru := s.cfg.Engine != EngineOllama
 	for k := range s.slots {
 		sl := &s.slots[k]
 		if sl.busy {
@@ -129,7 +133,7 @@ func (s *Server) pickSlot(hs []uint64) int {
 			return k
 		}
 		n := commonPrefix(sl.resident, hs)
-		if n > bestLen || (n == bestLen && sl.lastUsed < s.slots[best].lastUsed) {
+		if n > bestLen || (lru && n == bestLen && sl.lastUsed < s.slots[best].lastUsed) {
 			best, bestLen = k, n
 		}
 	}

@@ -1,0 +1,385 @@
+package histo
+
+import (
+	"sync"
+	"time"
+
+	"github.com/anvilproxy/anvilproxy/proxy"
+	"github.com/anvilproxy/anvilproxy/proxy/prefix"
+)
+
+// The per-slot cache (docs/engines.md "Cached tokens of an engine with a
+// cache per slot"): ollama and llama.cpp keep one KV sequence per slot,
+// the prompt (and answer) that ran in it last, and give a request the
+// free slot whose sequence shares the longest prefix with its prompt.
+// Under concurrent conversations a turn often finds its slot taken by
+// another conversation and reuses only the system prompt they share,
+// however much of its history the proxy saw sent before: against ollama
+// v0.17.4, 8 conversations on 1 and on 4 slots reused 612–631 tokens (the
+// shared system prompt) on nearly every turn. Learned from the proxy's
+// reuse, the cost model read prefills of 600 new tokens as prefills of
+// 200, and the timing's figure missed the engine's reuse by −15% to −90%
+// on one slot.
+//
+// slotCache replays the engine's choice with the proxy's own prefix
+// fingerprints (prefix.Chain: keyed hashes and byte counts, no text): S
+// slots, each holding the chain and prompt tokens of the last request
+// that ran in it, assignment as ollama's runner does it (LoadCacheSlot,
+// findLongestCacheSlot: among the free slots the one with the longest
+// common prefix, the lowest-numbered among equals, which is also the one
+// taken when none shares anything). What a turn reuses depends on S
+// beyond the concurrency the proxy sees (an idle slot still holds a
+// conversation), and the occupancy's count is a lower bound, so the
+// replay runs for every slot count in cacheSlotCounts at once, and the
+// one whose cached tokens explain the measured prefills best (the
+// relative error of the cost model's time at its new tokens, smoothed)
+// among those the evidence allows (at least the learned count; the hint
+// while it stands) gives each request's cached tokens (predict), which
+// the cost model learns from and the inferred figure is. Requests are
+// placed in the order the engine admitted them (their IDs, given at the
+// proxy's admission; the engine's queue is FIFO), not the order they
+// end: a request is held until every request admitted before it was
+// recorded, at most reorderRing requests back, and a prediction places
+// the held ones first. Only requests the engine ran (usage with prompt
+// tokens) take a slot.
+
+// Bounds of the slot cache: the slot counts replayed (an engine with
+// more keeps a cache per slot only as llama.cpp and ollama do, with a
+// few), requests held for admission order, the byte difference two
+// prompts need to tell tokens per byte, and how much later than a
+// request's start a slot's holder may end and still count as free then
+// (the split's start is a holder's end, read on another clock).
+var cacheSlotCounts = [...]int{1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64}
+
+const (
+	reorderRing  = 64
+	perByteApart = 16
+	freeSlack    = 2 * time.Millisecond
+	// scoreEvery is the smoothing of a replay's error (1/16 per sample);
+	// a prefill within scoreSlack of the cost model's time at a replay's
+	// new tokens does not count against it.
+	scoreEvery = 16
+	scoreSlack = 1.25
+)
+
+// slotTurn is one request as the slot cache sees it.
+type slotTurn struct {
+	id         uint64
+	held       bool // the ring position holds it
+	ran        bool // the engine ran it: its slot holds its prompt after
+	start, end time.Time
+	chain      prefix.Chain
+	tokens     int64 // prompt tokens; ≤ 0 unknown
+	// score: its prefill (seconds) scores the replays once it is placed.
+	score   bool
+	prefill float64
+}
+
+// cacheSlot is one modelled slot: the last sequence that ran in it.
+type cacheSlot struct {
+	used   bool
+	chain  prefix.Chain
+	tokens int64
+	end    time.Time
+}
+
+// slotReplay is the engine replayed with one slot count.
+type slotReplay struct {
+	slots []cacheSlot
+	score float64 // smoothed relative error of the prefills it predicts
+}
+
+// slotBounds are the slot counts the evidence allows: at least lo; exact
+// when a hint stands (0: none).
+type slotBounds struct{ lo, exact int }
+
+// boundsOf reads the occupancy's slot figures.
+func boundsOf(s SlotsSection) slotBounds {
+	b := slotBounds{lo: max(int(s.Learned), 1)}
+	if s.Hint > 0 && s.Effective == int(s.Hint) {
+		b.exact = int(s.Hint)
+	}
+	return b
+}
+
+// slotCache models an engine's per-slot prompt cache. It is safe for
+// concurrent use; its mutex is held for the placement of the requests a
+// Record releases (a few microseconds each: every replay), and it takes
+// the cost model's lock inside its own (never the other way).
+type slotCache struct {
+	mu      sync.Mutex
+	replays [len(cacheSlotCounts)]slotReplay
+	next    uint64 // the lowest ID not placed yet; 0 before the first
+	ring    [reorderRing]slotTurn
+	// perByte is prompt tokens per canonical byte past a common prefix,
+	// learned from pairs of prompts that share one (0 before any).
+	perByte float64
+	scratch slotReplay // predict's copy of a replay
+}
+
+// turnOf is tr's slotTurn: its slot start (the split's, else its arrival
+// at the engine), its end and its prompt's chain.
+func turnOf(tr *proxy.Trace, sp split) slotTurn {
+	t := slotTurn{id: tr.ID, held: true, ran: tr.UsageSeen && tr.PromptTokens > 0, end: engineEnd(tr), tokens: tr.PromptTokens}
+	if tr.Prefix.Tracked {
+		t.chain = tr.Prefix.Chain
+	}
+	t.start = tr.Recv
+	if !tr.Admit.IsZero() {
+		t.start = tr.Admit.Add(tr.Connect)
+	}
+	if sp.OK {
+		t.start = t.start.Add(sp.Queue)
+	}
+	return t
+}
+
+// record takes t, recorded now, and places it and every request it was
+// holding back; the placed requests due to (slotTurn.score) score the
+// replays at the cost model m.
+func (c *slotCache) record(t slotTurn, m *rateModel) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.id == 0 {
+		c.place(&t, m) // not numbered (tests): no order to keep
+		return
+	}
+	if c.next == 0 {
+		c.next = t.id // those admitted before it and still in flight are placed when they end
+	}
+	if t.id < c.next {
+		c.place(&t, m) // held back too long, or admitted before the first recorded
+		return
+	}
+	for t.id >= c.next+reorderRing { // give up on the oldest missing ones
+		c.advance(m)
+	}
+	c.ring[t.id%reorderRing] = t
+	for c.ring[c.next%reorderRing].held && c.ring[c.next%reorderRing].id == c.next {
+		c.advance(m)
+	}
+}
+
+// predict is the prompt tokens of t that the best allowed replay's slot
+// serves: the replay as it stands, with the requests it holds back that
+// were admitted before t placed first (on a copy), so that a turn is
+// never predicted from a slot missing its conversation's previous turn
+// because another request admitted before that turn is still running.
+// alt is what t gets if its slot was taken first by another request: one
+// still in flight, which the replay cannot know of (its prompt is read
+// when it ends), or one the replay placed elsewhere (the split's start
+// times decide which slots were free): the best other slot's count.
+// inFlight reports that a request admitted before t had not been
+// recorded: one that may have taken t's slot. Both counts 0 for a
+// request the engine did not run. It changes nothing but the tokens per
+// byte, learned from the pair.
+func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFlight bool) {
+	if !t.ran {
+		return 0, 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := c.choose(b)
+	r := &c.replays[i]
+	if len(r.slots) == 0 {
+		r.slots = make([]cacheSlot, cacheSlotCounts[i])
+	}
+	c.scratch.slots = append(c.scratch.slots[:0], r.slots...)
+	if t.id != 0 && c.next != 0 {
+		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
+			h := &c.ring[id%reorderRing]
+			if !h.held || h.id != id {
+				inFlight = true
+				continue
+			}
+			if h.ran {
+				c.scratch.slots[c.scratch.pick(&h.chain, h.start)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
+			}
+		}
+	}
+	k := c.scratch.pick(&t.chain, t.start)
+	c.learnPerByte(&c.scratch.slots[k], t)
+	cached = c.cachedFrom(&c.scratch.slots[k], t)
+	alt = cached
+	if len(c.scratch.slots) > 1 {
+		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickExcept(&t.chain, t.start, k)], t)
+	}
+	return cached, alt, inFlight
+}
+
+// advance places the request numbered c.next, if held, and moves on.
+func (c *slotCache) advance(m *rateModel) {
+	p := &c.ring[c.next%reorderRing]
+	if p.held && p.id == c.next {
+		t := *p
+		p.held = false
+		c.place(&t, m)
+	}
+	c.next++
+}
+
+// place gives t, in every replay, the slot the engine would have given
+// it; scores the replays by t's prefill, if t is due; and leaves t's
+// prompt in the slots.
+func (c *slotCache) place(t *slotTurn, m *rateModel) {
+	if !t.ran {
+		return
+	}
+	var picked [len(cacheSlotCounts)]int
+	var cached [len(cacheSlotCounts)]int64
+	for i := range c.replays {
+		r := &c.replays[i]
+		if len(r.slots) == 0 {
+			r.slots = make([]cacheSlot, cacheSlotCounts[i])
+		}
+		picked[i] = r.pick(&t.chain, t.start)
+		cached[i] = c.cachedFrom(&r.slots[picked[i]], t)
+	}
+	if t.score && t.tokens > 0 {
+		rs := m.read()
+		if rs.any {
+			for i := range c.replays {
+				est := reference(rs, float64(t.tokens-cached[i]), float64(cached[i]))
+				c.replays[i].score += (replayError(t.prefill, est) - c.replays[i].score) / scoreEvery
+			}
+		}
+	}
+	for i := range c.replays {
+		c.replays[i].slots[picked[i]] = cacheSlot{used: true, chain: t.chain, tokens: t.tokens, end: t.end}
+	}
+}
+
+// replayError is how far a prefill of t seconds denies a replay whose
+// new tokens cost est by the cost model: 0 within [est/scoreSlack,
+// est·scoreSlack], else the relative distance to that range, at most 1.
+func replayError(t, est float64) float64 {
+	if t <= 0 {
+		return 0
+	}
+	lo, hi := est/scoreSlack, est*scoreSlack
+	return min(abs(t-min(max(t, lo), hi))/t, 1)
+}
+
+// choose is the replay the evidence allows that predicts the prefills
+// best, the fewest slots among equals: with a hint that stands, the
+// first replayed count at or above it; otherwise those at or above the
+// learned count (the largest when it is above them all).
+func (c *slotCache) choose(b slotBounds) int {
+	lo := max(b.lo, b.exact)
+	first := len(cacheSlotCounts) - 1
+	for i, s := range cacheSlotCounts {
+		if s >= lo {
+			first = i
+			break
+		}
+	}
+	if b.exact > 0 {
+		return first
+	}
+	best := first
+	for i := first + 1; i < len(cacheSlotCounts); i++ {
+		if c.replays[i].score < c.replays[best].score {
+			best = i
+		}
+	}
+	return best
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// pick is the slot the engine gives a prompt with chain ch starting at
+// start, by ollama's rule: among the slots free then, the one sharing
+// the longest prefix, the lowest-numbered among equals (and when none
+// shares any). A slot is free when its holder ended by start; when none
+// did by the proxy's clock, the one whose holder ended first (it is the
+// one the request waited for).
+func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
+	return r.pickExcept(ch, start, -1)
+}
+
+// pickExcept is pick without slot except (-1: none): where the request
+// goes when another took its slot first.
+func (r *slotReplay) pickExcept(ch *prefix.Chain, start time.Time, except int) int {
+	best, longest := -1, int64(-1)
+	for k := range r.slots {
+		s := &r.slots[k]
+		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
+			continue
+		}
+		_, b := prefix.Common(&s.chain, ch)
+		if b > longest {
+			best, longest = k, b
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	best = -1
+	for k := range r.slots {
+		if k != except && (best < 0 || r.slots[k].end.Before(r.slots[best].end)) {
+			best = k
+		}
+	}
+	return max(best, 0)
+}
+
+// cachedFrom is the prompt tokens of t that slot s's sequence serves: its
+// whole prompt when t continues it (the engine's count can be higher by
+// the answer's tokens, which the next prompt repeats), all of t but one
+// token when t is a prefix of it (the engine leaves one to sample), else
+// t's tokens less its bytes past the common prefix at the learned tokens
+// per byte (the chat template's fixed tokens stay with the shared part),
+// never more than either prompt.
+func (c *slotCache) cachedFrom(s *cacheSlot, t *slotTurn) int64 {
+	if !s.used || t.tokens <= 0 {
+		return 0
+	}
+	d, common := prefix.Common(&s.chain, &t.chain)
+	switch {
+	case d == 0:
+		return 0
+	case d == t.chain.Depth:
+		return t.tokens - 1
+	case d == s.chain.Depth && s.tokens > 0:
+		return min(s.tokens, t.tokens-1)
+	}
+	tb := t.chain.Tail[prefix.ChainEnds-1].Bytes
+	est := float64(t.tokens) * float64(common) / float64(max(tb, 1))
+	if c.perByte > 0 {
+		est = float64(t.tokens) - float64(tb-common)*c.perByte
+	}
+	limit := t.tokens - 1
+	if s.tokens > 0 {
+		limit = min(limit, s.tokens)
+	}
+	return min(max(int64(est+0.5), 0), limit)
+}
+
+// learnPerByte follows the tokens per byte past the common prefix of s's
+// prompt and t's, smoothed, when they share one and their sizes differ
+// enough to tell.
+func (c *slotCache) learnPerByte(s *cacheSlot, t *slotTurn) {
+	if !s.used || s.tokens <= 0 {
+		return
+	}
+	if d, _ := prefix.Common(&s.chain, &t.chain); d == 0 {
+		return
+	}
+	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - s.chain.Tail[prefix.ChainEnds-1].Bytes
+	if db > -perByteApart && db < perByteApart {
+		return
+	}
+	x := float64(t.tokens-s.tokens) / float64(db)
+	switch {
+	case x <= 0:
+	case c.perByte == 0:
+		c.perByte = x
+	default:
+		c.perByte += (x - c.perByte) / 16
+	}
+}

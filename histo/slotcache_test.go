@@ -1,0 +1,173 @@
+package histo
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/proxy/prefix"
+)
+
+// chainOfSegs is the Chain of a prompt whose segments have the given
+// cumulative hashes, each 100 bytes.
+func chainOfSegs(cum ...uint64) prefix.Chain {
+	c := prefix.Chain{Depth: len(cum)}
+	for i := range min(prefix.ChainEnds, len(cum)) {
+		c.Head[i] = prefix.Mark{Hash: cum[i], Bytes: int64(100 * (i + 1))}
+	}
+	for i := range prefix.ChainEnds {
+		if d := len(cum) - prefix.ChainEnds + 1 + i; d >= 1 {
+			c.Tail[i] = prefix.Mark{Hash: cum[d-1], Bytes: int64(100 * d)}
+		}
+	}
+	return c
+}
+
+// convChain is turn k of conversation conv: a shared system prompt (hash
+// 1), then the conversation's own segments, two a turn.
+func convChain(conv uint64, k int) prefix.Chain {
+	cum := []uint64{1}
+	for i := range 1 + 2*k {
+		cum = append(cum, conv<<32|uint64(i+2))
+	}
+	return chainOfSegs(cum...)
+}
+
+// TestSlotPickOllamaRule: a request gets the free slot sharing the longest
+// prefix with it, the lowest-numbered among equals (an empty slot shares
+// nothing); a slot whose holder had not ended is not free; with none free
+// by the proxy's clock, the one whose holder ended first.
+func TestSlotPickOllamaRule(t *testing.T) {
+	at := time.Unix(1000, 0)
+	r := slotReplay{slots: []cacheSlot{
+		{used: true, chain: convChain(1, 0), end: at},
+		{used: true, chain: convChain(2, 0), end: at},
+		{},
+	}}
+	c2, c3 := convChain(2, 1), convChain(3, 0)
+	require.Equal(t, 1, r.pick(&c2, at), "its own previous turn")
+	require.Equal(t, 0, r.pick(&c3, at), "the system prompt ties: the lowest-numbered")
+	r.slots[0].end = at.Add(time.Second)
+	require.Equal(t, 1, r.pick(&c3, at), "slot 0 is still busy")
+	r.slots[1].end, r.slots[2] = at.Add(time.Second/2), cacheSlot{used: true, end: at.Add(2 * time.Second)}
+	require.Equal(t, 1, r.pick(&c3, at), "none free: the first to end")
+	empty := slotReplay{slots: make([]cacheSlot, 3)}
+	require.Equal(t, 0, empty.pick(&c3, at))
+}
+
+// TestSlotCacheCounts: the cached tokens of a turn are the previous
+// prompt's when it continues it, the prompt less one when it repeats
+// it, and the shared part's at the learned tokens per byte otherwise.
+func TestSlotCacheCounts(t *testing.T) {
+	var c slotCache
+	prev := cacheSlot{used: true, chain: convChain(1, 0), tokens: 200}
+	next := slotTurn{chain: convChain(1, 1), tokens: 420}
+	require.Equal(t, int64(200), c.cachedFrom(&prev, &next))
+	same := slotTurn{chain: convChain(1, 0), tokens: 200}
+	require.Equal(t, int64(199), c.cachedFrom(&prev, &same))
+	other := slotTurn{chain: convChain(2, 1), tokens: 430}
+	// No tokens per byte yet: the bytes' share (100 of 400 bytes).
+	require.Equal(t, int64(108), c.cachedFrom(&prev, &other))
+	c.learnPerByte(&prev, &next) // 220 tokens over 200 bytes
+	require.InDelta(t, 1.1, c.perByte, 1e-9)
+	require.Equal(t, int64(430-330), c.cachedFrom(&prev, &other))
+	require.Zero(t, c.cachedFrom(&cacheSlot{}, &other))
+}
+
+// feedSlots is Record's use of the slot cache for t: the cost model
+// learns its prefill at the predicted new tokens, then t is recorded
+// (placed in admission order, scoring the replays).
+func feedSlots(c *slotCache, m *rateModel, t slotTurn, b slotBounds) {
+	pred, _, _ := c.predict(&t, b)
+	m.learnSample(float64(t.tokens-pred), float64(pred), t.prefill, m.read())
+	t.score = true
+	c.record(t, m)
+}
+
+// TestSlotCacheLearnsSlotCount: three conversations take turns on an
+// engine with three slots, each turn starting while the other two
+// conversations' run, so that each keeps its own slot; the occupancy has
+// proven one slot only. The replays with fewer than three slots predict
+// misses that the prefill times deny, so the three-slot replay is chosen
+// and the cost model learns the true new tokens: its cold rate comes out
+// exact. Requests are recorded out of their admission order, and a turn
+// is predicted from its conversation's previous one even while that is
+// still held back.
+func TestSlotCacheLearnsSlotCount(t *testing.T) {
+	var c slotCache
+	var m rateModel
+	const perToken = 1e-4
+	at := time.Unix(1000, 0)
+	id := uint64(1)
+	tokens := func(k int) int64 { return 600 + 220*int64(k) }
+	var held []slotTurn
+	b := slotBounds{lo: 1}
+	for k := range 8 {
+		for conv := uint64(1); conv <= 3; conv++ {
+			n := tokens(k)
+			if k > 0 {
+				n -= tokens(k - 1)
+			}
+			tt := slotTurn{id: id, held: true, ran: true, start: at, end: at.Add(25 * time.Millisecond),
+				chain: convChain(conv, k), tokens: tokens(k), prefill: perToken * float64(n)}
+			id++
+			at = at.Add(10 * time.Millisecond)
+			if conv == 2 { // recorded after the next one
+				held = append(held, tt)
+				continue
+			}
+			feedSlots(&c, &m, tt, b)
+			for _, h := range held {
+				feedSlots(&c, &m, h, b)
+			}
+			held = held[:0]
+		}
+	}
+	require.Equal(t, 3, cacheSlotCounts[c.choose(b)])
+	rate, ok := m.rate()
+	require.True(t, ok)
+	require.InDelta(t, 1/perToken, rate, 0.02/perToken)
+	next := slotTurn{ran: true, start: at, chain: convChain(1, 8), tokens: tokens(8)}
+	require.Equal(t, tokens(7), first(c.predict(&next, b)))
+	// With a hint of one slot that stands, the one-slot replay: its slot
+	// holds conversation 3's turn, which shares the system prompt only.
+	require.Less(t, first(c.predict(&next, slotBounds{lo: 1, exact: 1})), tokens(0))
+
+	// A turn whose previous one is held back (a request admitted before
+	// it has not ended) is predicted from it all the same.
+
+	c.record(slotTurn{id: id + 1, held: true, ran: true, start: at, end: at.Add(time.Millisecond), chain: convChain(1, 8), tokens: tokens(8)}, &m)
+
+	after := slotTurn{id: id + 2, ran: true, start: at.Add(time.Second), chain: convChain(1, 9), tokens: tokens(9)}
+	require.Equal(t, tokens(8), first(c.predict(&after, b)), "id %d is missing: %d is held", id, id+1)
+}
+
+func first(cached, _ int64, _ bool) int64 { return cached }
+
+// BenchmarkSlotCache is Record's slot cache work for one request on a
+// per-slot engine: the prediction (the chosen replay copied, the held
+// requests placed) and the placement in every replay, with every slot
+// holding a conversation.
+func BenchmarkSlotCache(b *testing.B) {
+	var c slotCache
+	var m rateModel
+	at := time.Unix(1000, 0)
+	bounds := slotBounds{lo: 4}
+	for i := range 256 {
+		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at,
+			chain: convChain(uint64(i%80), i/80), tokens: 800}, &m)
+	}
+	chains := make([]prefix.Chain, 80*8)
+	for i := range chains {
+		chains[i] = convChain(uint64(i%80), 4+i/80)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: at, end: at,
+			chain: chains[i%len(chains)], tokens: 800}
+		c.predict(&t, bounds)
+		c.record(t, &m)
+	}
+}
