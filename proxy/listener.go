@@ -229,8 +229,14 @@ func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
 	return c.raw, nil
 }
 
-// sysFD is the socket's descriptor, or -1; valid while the connection is
-// open.
-func (c *countedConn) sysFD() int { return c.fd }
+// sysFD is the socket's descriptor while the connection is open, else
+// -1: once closed, its number may already be another socket's (a request
+// can run on a connection closeIdle closed after its bytes were read).
+func (c *countedConn) sysFD() int {
+	if c.closed.Load() {
+		return -1
+	}
+	return c.fd
+}
 
 func (c *countedConn) NetConn() net.Conn { return c.Conn }

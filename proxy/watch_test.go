@@ -209,4 +209,7 @@ func TestWatchStartAllocs(t *testing.T) {
 			w.stop()
 		}
 	}))
+	require.NoError(t, cc.Close())
+	require.Equal(t, -1, cc.sysFD(), "a closed connection's number may be another socket's")
+	require.False(t, w.start(cc))
 }

@@ -127,9 +127,12 @@ func versus(r *Report) []Versus {
 // Versus is one measure of an anvilproxy target beside nginx's in the
 // same run. Ratio is anvilproxy's over nginx's; Met says whether
 // anvilproxy is at or below nginx (at or above, for requests/s), null
-// when unknown. Floor is the floor relay's figure in the same run (its
-// added p50 for a latency pair) and VsFloor anvilproxy's over it: the
-// issue's fallback asks for at most 1.1 (requests/s: at least 0.9).
+// when unknown. Floor is the floor's figure in the same run (its added
+// p50 for a latency pair) and VsFloor anvilproxy's over it: the issue's
+// fallback asks for at most 1.1 (requests/s: at least 0.9). The floor is
+// the floor relay's (bytes only) for stream rows and floor-http's (a
+// fasthttp proxy measuring nothing) for non-stream rows when it ran: the
+// floor relay parses no HTTP, so no HTTP proxy could come near it there.
 type Versus struct {
 	Measure    string `json:"measure"`
 	Target     string `json:"target"`

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"net"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -15,7 +16,9 @@ import (
 // runs until ln is closed, and is a benchmark target only (anvilproxy
 // bench --targets floor-http), never a product.
 func RunHTTPFloor(ln net.Listener, upstream string, maxConns int) error {
-	hc := &fasthttp.HostClient{Addr: upstream, MaxConns: maxConns, StreamResponseBody: true}
+	// A request over maxConns waits for a connection, as anvilproxy's pool
+	// does, rather than failing at once (ErrNoFreeConns: lost events).
+	hc := &fasthttp.HostClient{Addr: upstream, MaxConns: maxConns, MaxConnWaitTimeout: time.Minute, StreamResponseBody: true}
 	s := &fasthttp.Server{
 		Handler: func(ctx *fasthttp.RequestCtx) {
 			if err := hc.Do(&ctx.Request, &ctx.Response); err != nil {
