@@ -92,12 +92,15 @@ func TestInferredCacheConversations(t *testing.T) {
 }
 
 // overallBar is the bar of checkConversations' overall: all conversations'
-// inferred cached tokens within 50% of the engine's. On four slots with
-// a batch lock the sim's runs read 23.0–25.3% against 23.0–25.4% four
-// times in five and up to 32.5% against 23.0% the fifth (a turn or two
-// given its own slot where another request took it first); the timing
-// alone, learned from the proxy's reuse, reads the whole history.
-const overallBar = 0.5
+// inferred cached tokens within 80% of the engine's. On four slots with
+// a batch lock the sim's runs are bimodal: exact (23.0% against 23.0%,
+// 25.4 against 25.4) about two runs in three, else 24.2–40.9% against
+// 23.0–25.4% (+5% to +61%, 8 runs on a loaded host), when a first turn's
+// queue is missed and a turn or two is given its own slot where another
+// request took it first. The bar fails the model without the slot cache
+// (66.9% against 22.0%: the timing alone, learned from the proxy's reuse,
+// reads the whole history), not the split's misses.
+const overallBar = 0.8
 
 // checkConversations holds each conversation's inferred cached tokens
 // (over the turns from turn from on that have a figure) within 20% of the

@@ -294,8 +294,8 @@ func abs(x float64) float64 {
 
 // pick is the slot the engine gives a prompt with chain ch starting at
 // start, by ollama's rule: among the slots free then, the one sharing
-// the longest prefix, the lowest-numbered among equals (and when none
-// shares any). A slot is free when its holder ended by start; when none
+// the longest prefix, the lowest-numbered among equals, a used one before
+// an empty one when none shares a segment. A slot is free when its holder ended by start; when none
 // did by the proxy's clock, the one whose holder ended first (it is the
 // one the request waited for).
 func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
@@ -305,13 +305,19 @@ func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
 // pickExcept is pick without slot except (-1: none): where the request
 // goes when another took its slot first.
 func (r *slotReplay) pickExcept(ch *prefix.Chain, start time.Time, except int) int {
-	best, longest := -1, int64(-1)
+	best, longest := -1, int64(-2)
 	for k := range r.slots {
 		s := &r.slots[k]
 		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
 			continue
 		}
 		_, b := prefix.Common(&s.chain, ch)
+		if !s.used {
+			// Any prompt of the model shares its first tokens (BOS, the
+			// template's) with a used slot's, so ollama's count puts every
+			// used slot above an empty one (0).
+			b = -1
+		}
 		if b > longest {
 			best, longest = k, b
 		}

@@ -122,7 +122,7 @@ func (s *Server) dispatch() {
 // prompt beats an empty one); otherwise the first free one. The caller
 // holds s.mu.
 func (s *Server) pickSlot(hs []uint64) int {
-	best, bestLen := -1, -1
+	best, bestLen := -1, -2
 	lru := s.cfg.Engine != EngineOllama
 	for k := range s.slots {
 		sl := &s.slots[k]
@@ -133,6 +133,9 @@ func (s *Server) pickSlot(hs []uint64) int {
 			return k
 		}
 		n := commonPrefix(sl.resident, hs)
+		if !lru && len(sl.resident) == 0 {
+			n = -1 // ollama: a used slot shares the template's first tokens at least
+		}
 		if n > bestLen || (lru && n == bestLen && sl.lastUsed < s.slots[best].lastUsed) {
 			best, bestLen = k, n
 		}
