@@ -216,7 +216,7 @@ func (r *Recorder) gauges() []prometheus.Collector {
 func (r *Recorder) Record(tr *proxy.Trace) {
 	r.prom.count(tr)
 	if !tr.Route.Generates() {
-		r.cache.record(slotTurn{id: tr.ID, held: true}, &r.model)
+		r.cache.record(slotTurn{id: tr.ID, held: true})
 		r.occ.passing(tr)
 		r.recordOther(tr)
 		return
@@ -259,12 +259,12 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	if prefill, ok := learnable(tr, sp, place); ok && r.model.learnable(tr) {
 		if perSlot {
 			r.model.learnSample(float64(tr.PromptTokens-slotCached), float64(slotCached), prefill.Seconds(), rs)
-			turn.score, turn.prefill = true, prefill.Seconds()
+			turn.score, turn.prefill, turn.rs = true, prefill.Seconds(), rs
 		} else {
 			r.model.learn(tr, prefill, rs)
 		}
 	}
-	r.cache.record(turn, &r.model)
+	r.cache.record(turn)
 }
 
 // perSlotCache reports whether tr's new tokens are the slot cache's

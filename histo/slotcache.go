@@ -70,9 +70,12 @@ type slotTurn struct {
 	start, end time.Time
 	chain      prefix.Chain
 	tokens     int64 // prompt tokens; ≤ 0 unknown
-	// score: its prefill (seconds) scores the replays once it is placed.
+	// score: its prefill (seconds) scores the replays once it is placed,
+	// judged by rs, the cost model as it was before this turn taught it
+	// (a replay is never graded by a model its own count just trained).
 	score   bool
 	prefill float64
+	rs      rates
 }
 
 // cacheSlot is one modelled slot: the last sequence that ran in it.
@@ -136,27 +139,27 @@ func turnOf(tr *proxy.Trace, sp split) slotTurn {
 
 // record takes t, recorded now, and places it and every request it was
 // holding back; the placed requests due to (slotTurn.score) score the
-// replays at the cost model m.
-func (c *slotCache) record(t slotTurn, m *rateModel) {
+// replays by the cost model each carries.
+func (c *slotCache) record(t slotTurn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if t.id == 0 {
-		c.place(&t, m) // not numbered (tests): no order to keep
+		c.place(&t) // not numbered (tests): no order to keep
 		return
 	}
 	if c.next == 0 {
 		c.next = t.id // those admitted before it and still in flight are placed when they end
 	}
 	if t.id < c.next {
-		c.place(&t, m) // held back too long, or admitted before the first recorded
+		c.place(&t) // held back too long, or admitted before the first recorded
 		return
 	}
 	for t.id >= c.next+reorderRing { // give up on the oldest missing ones
-		c.advance(m)
+		c.advance()
 	}
 	c.ring[t.id%reorderRing] = t
 	for c.ring[c.next%reorderRing].held && c.ring[c.next%reorderRing].id == c.next {
-		c.advance(m)
+		c.advance()
 	}
 }
 
@@ -208,12 +211,12 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 }
 
 // advance places the request numbered c.next, if held, and moves on.
-func (c *slotCache) advance(m *rateModel) {
+func (c *slotCache) advance() {
 	p := &c.ring[c.next%reorderRing]
 	if p.held && p.id == c.next {
 		t := *p
 		p.held = false
-		c.place(&t, m)
+		c.place(&t)
 	}
 	c.next++
 }
@@ -221,7 +224,7 @@ func (c *slotCache) advance(m *rateModel) {
 // place gives t, in every replay, the slot the engine would have given
 // it; scores the replays by t's prefill, if t is due; and leaves t's
 // prompt in the slots.
-func (c *slotCache) place(t *slotTurn, m *rateModel) {
+func (c *slotCache) place(t *slotTurn) {
 	if !t.ran {
 		return
 	}
@@ -236,8 +239,7 @@ func (c *slotCache) place(t *slotTurn, m *rateModel) {
 		cached[i] = c.cachedFrom(&r.slots[picked[i]], t)
 	}
 	if t.score && t.tokens > 0 {
-		rs := m.read()
-		if rs.any {
+		if rs := t.rs; rs.any {
 			for i := range c.replays {
 				est := reference(rs, float64(t.tokens-cached[i]), float64(cached[i]))
 				c.replays[i].score += (replayError(t.prefill, est) - c.replays[i].score) / scoreEvery

@@ -80,9 +80,10 @@ func TestSlotCacheCounts(t *testing.T) {
 // (placed in admission order, scoring the replays).
 func feedSlots(c *slotCache, m *rateModel, t slotTurn, b slotBounds) {
 	pred, _, _ := c.predict(&t, b)
-	m.learnSample(float64(t.tokens-pred), float64(pred), t.prefill, m.read())
-	t.score = true
-	c.record(t, m)
+	rs := m.read()
+	m.learnSample(float64(t.tokens-pred), float64(pred), t.prefill, rs)
+	t.score, t.rs = true, rs
+	c.record(t)
 }
 
 // TestSlotCacheLearnsSlotCount: three conversations take turns on an
@@ -137,7 +138,7 @@ func TestSlotCacheLearnsSlotCount(t *testing.T) {
 	// A turn whose previous one is held back (a request admitted before
 	// it has not ended) is predicted from it all the same.
 
-	c.record(slotTurn{id: id + 1, held: true, ran: true, start: at, end: at.Add(time.Millisecond), chain: convChain(1, 8), tokens: tokens(8)}, &m)
+	c.record(slotTurn{id: id + 1, held: true, ran: true, start: at, end: at.Add(time.Millisecond), chain: convChain(1, 8), tokens: tokens(8)})
 
 	after := slotTurn{id: id + 2, ran: true, start: at.Add(time.Second), chain: convChain(1, 9), tokens: tokens(9)}
 	require.Equal(t, tokens(8), first(c.predict(&after, b)), "id %d is missing: %d is held", id, id+1)
@@ -151,12 +152,11 @@ func first(cached, _ int64, _ bool) int64 { return cached }
 // holding a conversation.
 func BenchmarkSlotCache(b *testing.B) {
 	var c slotCache
-	var m rateModel
 	at := time.Unix(1000, 0)
 	bounds := slotBounds{lo: 4}
 	for i := range 256 {
 		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at,
-			chain: convChain(uint64(i%80), i/80), tokens: 800}, &m)
+			chain: convChain(uint64(i%80), i/80), tokens: 800})
 	}
 	chains := make([]prefix.Chain, 80*8)
 	for i := range chains {
@@ -168,6 +168,6 @@ func BenchmarkSlotCache(b *testing.B) {
 		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: at, end: at,
 			chain: chains[i%len(chains)], tokens: 800}
 		c.predict(&t, bounds)
-		c.record(t, &m)
+		c.record(t)
 	}
 }
