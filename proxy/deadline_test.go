@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -132,4 +133,46 @@ func TestNonStreamResponseOneWrite(t *testing.T) {
 	before := ln.writes.Load()
 	ask("/v1/chat/completions?stream=1")
 	require.GreaterOrEqual(t, ln.writes.Load()-before, int64(1+3), "the head at once, then one write per event")
+}
+
+// TestWriteDeadlineNotLeftOver: the write deadline a relayed body set on
+// the client connection does not outlive its response. The connection then
+// sits idle well past that deadline, and the next response, a 204 that
+// fasthttp writes without the relay, must still go out: for an HTTP/1.1
+// client fasthttp clears the deadline (flushEachResponse set one, so it
+// does), for an HTTP/1.0 keep-alive client CloseWithError does.
+func TestWriteDeadlineNotLeftOver(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/empty" {
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
+	})
+	const timeout = 40 * time.Millisecond // the relay's deadline: at most timeout plus an eighth
+	base, _ := startProxy(t, Config{Upstream: up.URL, ClientWriteTimeout: timeout}, nil)
+	for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+		t.Run(proto, func(t *testing.T) {
+			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			require.NoError(t, err)
+			defer c.Close()
+			require.NoError(t, c.SetDeadline(time.Now().Add(10*time.Second)))
+			br := bufio.NewReader(c)
+			get := func(path string) *http.Response {
+				_, err := io.WriteString(c, "GET "+path+" "+proto+"\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+				require.NoError(t, err)
+				resp, err := http.ReadResponse(br, nil)
+				require.NoError(t, err, "the proxy wrote no response")
+				_, err = io.Copy(io.Discard, resp.Body)
+				require.NoError(t, err)
+				return resp
+			}
+			resp := get("/v1/models")
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			require.False(t, resp.Close, "the connection must stay open for the test to mean anything")
+			time.Sleep(10 * timeout) // the relay's deadline, had it stayed, has passed
+			require.Equal(t, http.StatusNoContent, get("/v1/empty").StatusCode)
+		})
+	}
 }

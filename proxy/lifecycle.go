@@ -118,7 +118,9 @@ func (r *relay) CloseWithError(err error) error {
 		}
 	}
 	if r.conn != nil && r.wdl.set() {
-		_ = r.conn.SetWriteDeadline(time.Time{})
+		if !r.serverClears { // a deadline change less per HTTP/1.1 request
+			_ = r.conn.SetWriteDeadline(time.Time{})
+		}
 		r.wdl.clear()
 	}
 	_ = r.resp.CloseBodyStream()
@@ -263,7 +265,7 @@ func (r *relay) reusable() bool {
 func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
-	r.conn, r.clientHeader, r.trailers = nil, nil, false
+	r.conn, r.clientHeader, r.trailers, r.serverClears = nil, nil, false, false
 	r.wdl.clear()
 	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown

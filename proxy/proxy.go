@@ -221,7 +221,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
-	flushEachResponse(ctx)
+	r.serverClears = flushEachResponse(ctx)
 
 	if !knownVersion(ctx.Request.Header.Protocol()) {
 		p.refuse(ctx, r, refuseVersion)

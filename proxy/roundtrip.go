@@ -288,9 +288,9 @@ func forwardInterim(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
 // next request must not overtake it, or land inside it. fasthttp flushes
 // after a response whose handler set a write deadline (serveConn), so one
 // is set, to none; the relay's own deadlines are set on the connection.
-// Called at the start of every request of an HTTP/1.1 client.
-func flushEachResponse(ctx *fasthttp.RequestCtx) {
-	if ctx.Request.Header.IsHTTP11() {
-		_ = ctx.SetWriteDeadline(time.Time{})
-	}
+// Called at the start of every request of an HTTP/1.1 client. It reports
+// whether it set the deadline: fasthttp then also clears the write deadline
+// once the response is written, and the relay need not (CloseWithError).
+func flushEachResponse(ctx *fasthttp.RequestCtx) bool {
+	return ctx.Request.Header.IsHTTP11() && ctx.SetWriteDeadline(time.Time{}) == nil
 }

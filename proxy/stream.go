@@ -55,6 +55,8 @@ type relay struct {
 
 	capture []byte // non-stream JSON body kept to read usage, bounded
 
+	serverClears bool // fasthttp clears conn's write deadline after the response (flushEachResponse)
+
 	// With --inject-usage: the stream is filtered event by event.
 	inject  bool
 	hold    []byte // raw bytes of the incomplete event not yet forwarded

@@ -55,3 +55,26 @@ func BenchmarkBeginParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkBeginFullSmall is Begin plus End for a distinct 60-byte body
+// each time at the default budget, the index full: what a non-stream
+// request pays, where the table is megabytes and each lookup a cache miss.
+func BenchmarkBeginFullSmall(b *testing.B) {
+	tr := New(Config{Now: time.Now})
+	r := req("", -1)
+	r.Body = make([]byte, 60)
+	i := uint64(0)
+	one := func() {
+		i++
+		binary.LittleEndian.PutUint64(r.Body, i)
+		res := tr.Begin(r)
+		tr.End(&res, status(200))
+	}
+	for range 1 << 20 { // fill the index, and past it
+		one()
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		one()
+	}
+}
