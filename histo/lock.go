@@ -66,7 +66,7 @@ func (l *lockLearner) held() bool {
 // arrival and before e's first output. The caller holds o.mu.
 func (o *occupancy) prefilling(x, e *occEntry) {
 	if x.occupies && x.pend > e.arrive && e.first >= 0 && x.lstart < e.first && x.pend > x.lstart && o.nPre < sweepMax {
-		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre] = x.lstart, x.pend, x.pt
+		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = x.lstart, x.pend, x.pt, x.pb
 		o.nPre++
 	}
 }
@@ -78,7 +78,9 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // requests take their slots together when the batch ends, though a
 // request that arrives a millisecond after another's slot start waits;
 // unless that prefill ran alone at its speed and e's own from there is
-// too long for e alone: e waited for it). Only prefills that ended at
+// too long for e alone: e waited for it; or, when the group that prefill
+// began with was slowed by a joiner, e joined at its first batch's end:
+// joinedFirstBatch). Only prefills that ended at
 // least least before e's first output are waited for. solo reports
 // whether every prefill it waited for ran alone (soloPrefill). point is
 // e's prefill estimate (0: none). It reads the entries the last scan
@@ -86,16 +88,27 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration) (end int64, solo bool) {
 	solo = true
 	slow := point > 0 && float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack)
+	for i := range o.nPre {
+		o.joins[i] = 0
+		if b, ok := o.joinedFirstBatch(i, start); ok {
+			o.joins[i] = b
+		}
+	}
 	for range o.nPre {
 		moved := false
 		for i := range o.nPre {
 			s0, f, pt := o.pre[0][i], o.pre[1][i], o.pre[2][i]
-			alone := soloPrefill(s0, f, pt)
-			first := startedFirst(s0, f, start, e.first) || s0 == start && alone && slow
-			if !first || start >= f {
+			if start >= f || f >= e.first-least {
 				continue
 			}
-			if f < e.first-least {
+			alone := soloPrefill(s0, f, pt)
+			if b := o.joins[i]; b > 0 {
+				if start < b {
+					start, moved, solo = b, true, false
+				}
+				continue
+			}
+			if startedFirst(s0, f, start, e.first) || s0 == start && alone && slow {
 				start, moved, solo = f, true, solo && alone
 			}
 		}
@@ -104,6 +117,52 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 		}
 	}
 	return start, solo
+}
+
+// joinedFirstBatch is the end of the first batch of the i-th prefill
+// collected for lockEnd, and whether a request whose start without the
+// lock was start0 took its slot there rather than waiting for that
+// prefill's end or sharing its batches from the first. llamarunner takes
+// up to engineBatch prompt tokens of every prefilling slot into one batch
+// and holds its mutex for the batch; a request whose slot came free as
+// that prefill began (start0 within slotsOrderWindow of its start) and
+// lost the mutex to the run loop waits for the batch, then takes its
+// slot, and the later batches carry its tokens too. Which batch end it
+// gets in at is the mutex's race (Go's mutex favours the running run loop
+// until a waiter has waited 1 ms); what tells it afterwards is the group
+// that began together: had nobody joined, they would have finished within
+// their solo time, the sum of their point estimates (shared batches run
+// on one thread), as soloPrefill judges one. So when that group ran past
+// it and the i-th has a first batch short of its end, the request joined
+// there: at the group's start plus its first batch, each member's first
+// engineBatch tokens (ollama P=4: a 695-token prefill, 96 ms to its first
+// batch's end and 436 ms in all against 140 alone, three waiters starting
+// at that batch's end; two 750–850-token prefills begun together and
+// done within their summed estimates, the two requests that came with
+// them starting at their end). Without every member's estimate the group
+// is not judged. The caller holds o.mu.
+func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
+	s0, f, pb := o.pre[0][i], o.pre[1][i], o.pre[3][i]
+	if pb <= 0 || start0-s0 >= int64(slotsOrderWindow) || s0-start0 >= int64(slotsOrderWindow) {
+		return 0, false
+	}
+	var sum, batch int64
+	for k := range o.nPre {
+		if d := o.pre[0][k] - s0; d <= -int64(slotsOrderWindow) || d >= int64(slotsOrderWindow) {
+			continue
+		}
+		pt, kb := o.pre[2][k], o.pre[3][k]
+		if pt <= 0 {
+			return 0, false
+		}
+		sum += pt
+		if kb <= 0 {
+			kb = pt // a one-batch prefill is all in the first batch
+		}
+		batch += kb
+	}
+	end := s0 + batch
+	return end, end < f && !soloPrefill(s0, f, sum)
 }
 
 // soloPrefill reports whether a prefill from s0 to f, pt its point

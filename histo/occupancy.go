@@ -114,6 +114,11 @@ type occEntry struct {
 	// first output less pt is when it began, which orders it among the
 	// requests sent with it (ahead).
 	pt int64
+	// pb is the point estimate of its prefill's first batch when its new
+	// tokens take more than one (priors.batch; 0: one batch, or none):
+	// a request that lost the lock to its first batch joined it there
+	// (joinedFirstBatch).
+	pb int64
 	// soft says end is not a stamp but the cost model's estimate of when
 	// the engine finished a prefill whose client left (abandonedStart):
 	// the request that waited for it knows better (softEnd).
@@ -163,8 +168,9 @@ type occupancy struct {
 	nSoft  int
 	runs   [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
 	nRuns  int
-	pre    [3][sweepMax]int64 // scratch: slot starts, prefill ends and point estimates (0: none) of the requests prefilling during one's wait
+	pre    [4][sweepMax]int64 // scratch: slot starts, prefill ends, point and first-batch estimates (0: none) of the requests prefilling during one's wait
 	nPre   int
+	joins  [sweepMax]int64 // scratch: lockEnd's joinedFirstBatch for each of pre (0: none)
 	slots  slotLearner
 	lock   lockLearner
 	live   liveTable      // the requests in flight with their first output seen (lock-free; read under mu)
@@ -229,6 +235,9 @@ type priors struct {
 	// tokens the evidence gives (reported cached, else the prefix reuse
 	// the proxy saw), and floor a lower bound on it (prefillPoint).
 	point, floor time.Duration
+	// batch, when positive, is the share of point that its first
+	// engineBatch new tokens take, when it has more (firstBatch).
+	batch time.Duration
 	// abandoned, when positive, is how long the engine goes on
 	// prefilling it after its client left before the first output (the
 	// slot stays taken until then).
@@ -250,7 +259,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	if !onTimeline {
 		return placement{}, false
 	}
-	e.pt = int64(max(pr.point, 0))
+	e.pt, e.pb = int64(max(pr.point, 0)), int64(max(pr.batch, 0))
 	o.live.done(tr.ID)
 	m, mAdmit, complete := o.scan(e)
 	// Requests in flight at admission that are not recorded yet end after

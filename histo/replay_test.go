@@ -118,7 +118,7 @@ func TestReplayOllama(t *testing.T) {
 // a millisecond (which of them joins the first batch), and prefills that
 // ran twice their estimate on the loaded host (docs/queue-split.md
 // "Measured against ollama").
-var replayBars = map[int]float64{1: 1, 2: 0.9, 4: 0.85}
+var replayBars = map[int]float64{1: 1, 2: 0.9, 4: 0.9}
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
 // (Untracked, Drift) marshal as text and do not unmarshal; the split reads

@@ -150,6 +150,7 @@ func modelSplit(tr *proxy.Trace, rs rates) split {
 func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr)}
 	pr.point, pr.floor = prefillPoint(tr, rs)
+	pr.batch = firstBatch(tr, rs, pr.point)
 	pr.est, pr.haveEst = estimate(tr, rs, false)
 	load := pr.load
 	p, warn := r.occ.place(tr, pr)
@@ -182,4 +183,28 @@ func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 		sp = modelSplit(tr, rs)
 	}
 	return sp, p
+}
+
+// engineBatch is the most prompt tokens of one slot that llamarunner
+// decodes in one batch (its n_batch, 512; a batch carries that many of
+// every prefilling slot's).
+const engineBatch = 512
+
+// firstBatch is the share of tr's prefill point estimate that its first
+// engineBatch new tokens take, when it has more new tokens than that;
+// else 0. The cost model's fit weighs the share when it is ready, the
+// token count before.
+func firstBatch(tr *proxy.Trace, rs rates, point time.Duration) time.Duration {
+	if point <= 0 {
+		return 0
+	}
+	n, cached, ok := promptParts(tr, true)
+	if !ok || n <= engineBatch {
+		return 0
+	}
+	share := engineBatch / n
+	if all := rs.fit.cost(n, cached); rs.ready && all > 0 {
+		share = rs.fit.cost(engineBatch, cached) / all
+	}
+	return time.Duration(share * float64(point))
 }

@@ -1,0 +1,47 @@
+package histo
+
+import (
+	"testing"
+	"time"
+)
+
+// TestJoinedFirstBatch holds the first-batch join to llamarunner's
+// batches (joinedFirstBatch): a request whose slot came free as a group of
+// prefills began joined at the group's first batch only when the group
+// ran past its summed solo time, and a group at that speed was joined by
+// nobody.
+func TestJoinedFirstBatch(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	type pre struct{ s0, f, pt, pb float64 }
+	cases := []struct {
+		name    string
+		pres    []pre
+		start0  float64
+		want    bool
+		wantEnd float64
+	}{
+		// ollama P=4: a 695-token prefill, 140 ms alone (102 ms its first
+		// 512 tokens), took 436 ms: three waiters shared its second batch.
+		{"slowed holder", []pre{{591, 1027, 140, 102}}, 590, true, 693},
+		{"holder at its speed", []pre{{134, 252, 119, 105}}, 130, false, 0},
+		// Two prefills begun together, done within their summed
+		// estimates: they shared their batches, nobody joined them.
+		{"co-held pair at its speed", []pre{{639, 1048, 155, 105}, {640, 1049, 175, 105}}, 639, false, 0},
+		// The same pair twice as slow: a joiner shared its batches.
+		{"co-held pair slowed", []pre{{639, 1700, 155, 105}, {640, 1701, 175, 105}}, 639, true, 849},
+		{"one batch", []pre{{591, 1027, 140, 0}}, 590, false, 0},
+		{"slot free later", []pre{{591, 1027, 140, 102}}, 620, false, 0},
+		{"member without estimate", []pre{{591, 1027, 140, 102}, {592, 1100, 0, 0}}, 590, false, 0},
+	}
+	for _, c := range cases {
+		var o occupancy
+		for i, p := range c.pres {
+			o.pre[0][i], o.pre[1][i], o.pre[2][i], o.pre[3][i] = ms(p.s0), ms(p.f), ms(p.pt), ms(p.pb)
+		}
+		o.nPre = len(c.pres)
+		end, ok := o.joinedFirstBatch(0, ms(c.start0))
+		if ok != c.want || ok && time.Duration(end-ms(c.wantEnd)).Abs() > time.Millisecond {
+			t.Errorf("%s: joined %v at %.0f ms, want %v at %.0f", c.name, ok, float64(end)/1e6, c.want, c.wantEnd)
+		}
+	}
+}
