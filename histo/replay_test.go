@@ -101,6 +101,11 @@ func TestReplayOllama(t *testing.T) {
 		within[tl.Slots] += w
 		total[tl.Slots] += len(tl.Truth)
 	}
+	for slots := range replayBars {
+		if total[slots] == 0 {
+			t.Errorf("no captured timeline of %d slots", slots)
+		}
+	}
 	for slots, n := range total {
 		share := float64(within[slots]) / float64(n)
 		t.Logf("%d slots: %d of %d (%.1f%%) within the bar", slots, within[slots], n, 100*share)
@@ -117,8 +122,13 @@ func TestReplayOllama(t *testing.T) {
 // prefill), the engine's mutex race between requests that arrive within
 // a millisecond (which of them joins the first batch), and prefills that
 // ran twice their estimate on the loaded host (docs/queue-split.md
-// "Measured against ollama").
-var replayBars = map[int]float64{1: 1, 2: 0.9, 4: 0.9}
+// "Measured against ollama"). 4 slots is 88%, not 90%: a request's own
+// vote for the lock does not count when the prefill it waited for ran
+// slower than its estimate (TestBatchLockNotFromOneSharedPrefill: on an
+// engine without a lock it was prefilling beside it), which costs two
+// requests of a fresh proxy's first burst in two of the ten 4-slot runs
+// (110 of 120 without that rule, 107 with it).
+var replayBars = map[int]float64{1: 1, 2: 0.9, 4: 0.88}
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
 // (Untracked, Drift) marshal as text and do not unmarshal; the split reads
