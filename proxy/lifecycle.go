@@ -118,6 +118,10 @@ func (r *relay) CloseWithError(err error) error {
 		}
 	}
 	if r.conn != nil && r.wdl.set() {
+		// On HTTP/1.1 fasthttp clears it after its last flush, so what is
+		// still in its buffer goes out under the relay's last deadline
+		// (a stalled client no longer holds the connection on that flush
+		// forever); HTTP/1.0 clears it here, before the flush.
 		if !r.serverClears { // a deadline change less per HTTP/1.1 request
 			_ = r.conn.SetWriteDeadline(time.Time{})
 		}

@@ -56,8 +56,8 @@ type Config struct {
 	// MaxBytes caps the memory of the dedup index (3/4 of it) and of the
 	// per-client counts (1/4), counted exactly: both are arrays the Tracker
 	// sizes itself. They grow on demand; at the cap, the least recently
-	// active element is evicted. The default holds about 119k logical
-	// requests and 9.3k clients; each part holds at least 64. While an
+	// active element is evicted. The default holds about 109k logical
+	// requests and 9.1k clients; each part holds at least 64. While an
 	// array grows (by doubling), the old one is garbage until the next GC.
 	// 0 (or negative) means DefaultMaxBytes.
 	MaxBytes int64
