@@ -261,7 +261,16 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	}
 	e.pt, e.pb = int64(max(pr.point, 0)), int64(max(pr.batch, 0))
 	o.live.done(tr.ID)
-	m, mAdmit, complete := o.scan(e)
+	// A request without a first output whose client left in the prefill
+	// is scanned to its end; one with none at all (a whole answer) is
+	// not scanned past the latest entries (sweepMax): a scan reaches back
+	// occSettle, which at a high rate of non-stream requests is hundreds
+	// of entries for each (12% of BenchmarkNonStream's CPU).
+	until := e.first
+	if until < 0 && abandoned > 0 {
+		until = e.end
+	}
+	m, mAdmit, complete := o.scan(e, until)
 	// Requests in flight at admission that are not recorded yet end after
 	// this one: they are ahead, and still there, unless their first
 	// output, seen live, says the engine served them after it.
@@ -537,31 +546,26 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 
 // scan collects the ends of the recorded requests ahead of e into o.ends
 // and counts those in flight when e was admitted; it also collects the
-// requests that produced output while e did, for sweep. complete is false
+// requests that produced output while e did, for sweep. until is e's first
+// output, or its end for an abandoned prefill (-1: none). complete is false
 // when the timeline may have lost one of the requests ahead. The caller
 // holds o.mu.
 //
 // The ring is in Record order, which follows release order within
-// occSettle. Requests released tailMargin after e's first output can be neither
+// occSettle. Requests released tailMargin after until can be neither
 // ahead-and-ended-before-it nor, for the accounting, different from a
 // request not recorded yet (both are in flight at e's admission and still
 // there at its first output), so a binary search skips them: a long
 // generation during which thousands of others finished costs a few steps,
 // not a scan of them all. Only the newest sweepMax of them are looked at,
 // as evidence of slots side by side.
-func (o *occupancy) scan(e occEntry) (m, mAdmit int, complete bool) {
+func (o *occupancy) scan(e occEntry, until int64) (m, mAdmit int, complete bool) {
 	o.nRuns, o.nSoft = 0, 0
 	if o.n == occRing && o.at(o.n-1).release >= e.admit-int64(occSettle) {
 		return 0, 0, false // the timeline does not reach back to e's admission
 	}
 	oneSlot := o.slots.effective() == 1
 	o.nPre = 0
-	// A request without a first output (its client left in the prefill)
-	// is bounded by its end instead.
-	until := e.first
-	if until < 0 {
-		until = e.end
-	}
 	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= until+int64(tailMargin) })
 	for i := range min(later, sweepMax) {
 		o.overlap(o.at(i), &e)
