@@ -172,7 +172,7 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if o.nPre == sweepMax {
 			break
 		}
-		start, _, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance), 0)
+		start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance), 0)
 		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = start, x.first, 0, 0
 		o.nPre++
 	}

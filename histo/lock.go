@@ -85,7 +85,7 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // whether every prefill it waited for ran alone (soloPrefill). point is
 // e's prefill estimate (0: none). It reads the entries the last scan
 // collected. The caller holds o.mu.
-func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration) (end int64, solo, slowed bool) {
+func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration) (end int64, solo bool) {
 	solo = true
 	slow := point > 0 && float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack)
 	for i := range o.nPre {
@@ -110,14 +110,13 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 			}
 			if startedFirst(s0, f, start, e.first) || s0 == start && alone && slow {
 				start, moved, solo = f, true, solo && alone
-				slowed = slowed || pt > 0 && !alone
 			}
 		}
 		if !moved {
 			break
 		}
 	}
-	return start, solo, slowed
+	return start, solo
 }
 
 // joinedFirstBatch is the end of the first batch of the i-th prefill
@@ -200,16 +199,10 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 	// shared their batches have their first outputs within milliseconds of
 	// each other.
 	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
-	end, solo, slowed := o.lockEnd(e, start, least, point)
+	end, solo := o.lockEnd(e, start, least, point)
 	v := lockVote(o, e, start, end, solo, point, est, haveEst)
 	o.lock.observe(v)
-	// Its own vote alone does not count when a prefill it would have
-	// waited for ran slower than its estimate: on an engine without a
-	// lock whose concurrent prefills share it (llama.cpp, vLLM), a request
-	// prefilling beside a slowed one looks as if it had waited for its end
-	// (TestBatchLockNotFromOneSharedPrefill); under ollama's lock the one
-	// it waited for ran alone.
-	if end == start || !(o.lock.held() || v == lockHeld && !slowed && !o.lock.free()) {
+	if end == start || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
