@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/sse"
+	"github.com/anvilproxy/anvilproxy/sse/ssetest"
 )
 
 func ndjsonHeaders(w http.ResponseWriter) {
@@ -232,14 +233,7 @@ func TestOllamaRoutes(t *testing.T) {
 // so the stream ends at its done line with ollama's figures, not
 // truncated, through both relays.
 func TestOllamaNativeLongContext(t *testing.T) {
-	var b strings.Builder
-	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:45Z","response":"a","done":false}` + "\n")
-	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:46Z","response":"","done":true,"done_reason":"stop","context":[`)
-	for i := range 200_000 {
-		fmt.Fprintf(&b, "%d,", 100000+i%28000)
-	}
-	b.WriteString(`13],"total_duration":912345678,"load_duration":1234567,"prompt_eval_count":200000,"prompt_eval_duration":345678901,"eval_count":2,"eval_duration":512345678}` + "\n")
-	stream := []byte(b.String())
+	stream := ssetest.OllamaLongContext(200_000, 2)
 	require.Greater(t, len(stream), sse.DefaultMaxEventBytes)
 	for _, mode := range relayModes {
 		t.Run(mode.name, func(t *testing.T) {

@@ -2,13 +2,14 @@ package sse
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/anvilproxy/anvilproxy/sse/ssetest"
 )
 
 // ndjsonFiles reads the recorded NDJSON streams: ollama v0.17.4's
@@ -337,14 +338,7 @@ func TestLinesSqueeze(t *testing.T) {
 // same stream again, not Reset: a Reset lets the grown buffer go, so a new
 // stream with such a line grows it once more).
 func TestLinesOllamaContext(t *testing.T) {
-	var b strings.Builder
-	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:45Z","response":"a","done":false}` + "\n")
-	b.WriteString(`{"model":"m","created_at":"2026-12-01T18:39:46Z","response":"","done":true,"done_reason":"stop","context":[`)
-	for i := range 200_000 {
-		fmt.Fprintf(&b, "%d,", 100000+i%28000)
-	}
-	b.WriteString(`13],"total_duration":912345678,"load_duration":1234567,"prompt_eval_count":200000,"prompt_eval_duration":345678901,"eval_count":40,"eval_duration":512345678}` + "\n")
-	in := []byte(b.String())
+	in := ssetest.OllamaLongContext(200_000, 40)
 	require.Greater(t, len(in), DefaultMaxEventBytes)
 	read := func(l *Lines, n int) (Flags, Usage, Timing) {
 		var ev Event
