@@ -57,6 +57,7 @@ func parseSimFlags(args []string, stderr io.Writer) (c sim.Config, listen string
 	fs.TextVar(&c.Abandon, "abandon", sim.AbandonAuto, "a prefill whose client left: stop (vLLM), batch (finish the --batch-tokens batch: llama.cpp), prompt (the whole prompt: ollama) or auto (the engine's)")
 	fs.IntVar(&c.BatchTokens, "batch-tokens", 2048, "prefill batch that --abandon batch finishes")
 	fs.TextVar(&c.BatchLock, "batch-lock", sim.LockAuto, "a slot start while another request prefills: none (at once: vLLM, llama.cpp), prefill (waits for the prefills under way: ollama's llamarunner) or auto (the engine's)")
+	fs.BoolVar(&c.SharedPrefill, "shared-prefill", false, "with --batch-lock prefill: the prefills that start together share the engine's compute, each taking the sum over them of min(its solo time, theirs), as llamarunner's shared batches do; off, each runs at its own speed")
 	fs.DurationVar(&c.ArrivalJitter, "arrival-jitter", 0, "requests arriving within this of each other reach the queue in random order (as ollama's server handlers); 0: none")
 	fs.DurationVar(&c.SwitchCost, "switch-cost", 0, "llama.cpp RAM prompt cache: cost of each save or restore on a slot switch, before the prefill; 0: the engine's (llamacpp 15ms), negative: no RAM cache")
 	fs.Float64Var(&c.ContextSlowdown, "context-slowdown", 0, "prefill cost per new token grows by this fraction per 1,000 tokens of context; 0: the engine's (llamacpp, ollama 0.1), negative: none")

@@ -123,6 +123,11 @@ func TestSimFlagsEngine(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sim.LockNone, c.BatchLock)
 	require.Equal(t, 2*time.Millisecond, c.ArrivalJitter)
+	require.False(t, c.SharedPrefill)
+
+	c, _, err = parseSimFlags([]string{"--engine", "ollama", "--shared-prefill"}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, c.SharedPrefill, "the prefills granted together share the engine")
 
 	for _, bad := range [][]string{{"--engine", "tgi"}, {"--head", "late"}, {"--abandon", "never"}, {"--metrics", "json"}, {"--batch-lock", "mutex"}} {
 		_, _, err := parseSimFlags(bad, io.Discard)

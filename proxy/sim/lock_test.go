@@ -91,3 +91,52 @@ func TestArrivalJitter(t *testing.T) {
 		require.False(t, inOrder, "the jitter reorders simultaneous arrivals")
 	})
 }
+
+// TestSharedPrefillAbandoned: with SharedPrefill, the requests that took
+// their slots together when the lock's prefill ended share the engine,
+// and one whose client left during its prefill goes on sharing it: ollama
+// prefills the whole prompt for nobody in the same batches. a (300
+// tokens, 301 ms alone) and b (500, 501 ms) wait for lock0's 1,000-token
+// prefill and then take 602 and 802 ms together; b's client leaves 100 ms
+// in, and its slot stays busy 702 ms more, not the 401 ms of its work
+// alone.
+func TestSharedPrefillAbandoned(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Engine = EngineOllama
+		cfg.Slots = 4
+		cfg.PrefillTokensPerSec = 1000
+		cfg.ContextSlowdown = -1
+		cfg.SharedPrefill = true
+		v := startVirtual(t, cfg)
+		done := make(chan struct{}, 3)
+		ctx, leave := context.WithCancel(context.Background())
+		for i, tokens := range []int{1000, 300, 500} {
+			go func() {
+				defer func() { done <- struct{}{} }()
+				c := context.Background()
+				if i == 2 {
+					c = ctx
+				}
+				id := fmt.Sprintf("shared%d", i)
+				req := mustRequest(t, c, "http://sim/v1/chat/completions", longPrompt(id, tokens, false), "X-Request-Id", id)
+				if resp, err := v.client.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			synctest.Wait()
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(801 * time.Millisecond) // at 1,101 ms: 100 ms into b's prefill
+		leave()
+		for range 3 {
+			<-done
+		}
+		time.Sleep(time.Second) // past b's run-on, shared or alone
+		synctest.Wait()
+		a, b := truthOf(t, v.s, "shared1"), truthOf(t, v.s, "shared2")
+		require.Equal(t, 602*time.Millisecond, a.Prefill, "a shares the engine with b")
+		require.Equal(t, 100*time.Millisecond, b.Left.Sub(b.Admitted), "b's client left 100 ms into its prefill")
+		require.Equal(t, 702*time.Millisecond, b.Abandoned, "b's prefill runs on shared")
+	})
+}

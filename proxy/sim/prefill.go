@@ -153,11 +153,16 @@ func (s *Server) prePrefill(k int, hs []uint64, res *result) time.Duration {
 
 // runOn keeps the slot of a request whose client left during prefill busy
 // until the work the engine does anyway is done (Config.Abandon), and
-// records what the slot holds then. ctx is done; the wait is not
-// cancellable, as the engine's is not.
-func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time) {
+// records what the slot holds then. scale is how much slower than alone
+// its prefill runs (SharedPrefill: its shared time over its solo time; 1
+// alone): the run-on shares the engine as the prefill did, so its work,
+// judged in solo time, takes scale times as long. ctx is done; the wait
+// is not cancellable, as the engine's is not.
+func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time, scale float64) {
 	res.left = time.Now()
-	until, done := s.abandonedUntil(j, res, max(0, res.left.Sub(prefillStart)))
+	elapsed := time.Duration(float64(max(0, res.left.Sub(prefillStart))) / scale)
+	until, done := s.abandonedUntil(j, res, elapsed)
+	until = time.Duration(float64(until) * scale)
 	if d := time.Until(prefillStart.Add(until)); d > 0 {
 		time.Sleep(d)
 	}
@@ -176,7 +181,8 @@ func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time) {
 func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *result, k int, start time.Time) error {
 	fresh := res.promptTokens - res.cachedTokens
 	defer s.unlockPrefill(res) // an abandoned prefill holds the lock while it runs on
-	d := s.prefillTime(j, res, fresh)
+	solo := s.prefillTime(j, res, fresh)
+	d := solo
 	if g := res.group; g != nil {
 		s.mu.Lock()
 		g.add(d)
@@ -184,12 +190,16 @@ func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *re
 		select {
 		case <-g.done: // the others register as they start, microseconds apart
 			d = g.shared(d)
-		case <-ctx.Done(): // the sleep below ends at once
+		case <-ctx.Done(): // the sleep below ends at once; the run-on is then alone
 		}
 	}
 	if sleepUntil(ctx, timer, start.Add(d)) != nil {
 		err := s.abort(j, res, PhasePrefill)
-		s.runOn(j, res, k, start)
+		scale := 1.0
+		if solo > 0 {
+			scale = max(1, float64(d)/float64(solo))
+		}
+		s.runOn(j, res, k, start, scale)
 		return err
 	}
 	return nil
