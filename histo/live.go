@@ -32,6 +32,7 @@ type liveSlot struct {
 	id            atomic.Uint64 // the request's ID + 1; 0: empty or recorded; liveWriting: being written
 	admit, arrive atomic.Int64  // t_admit and t_admit + connect, ns since liveTable.base
 	first         atomic.Int64  // its first output, ns since liveTable.base
+	admitSeq      atomic.Uint64 // proxy.Trace.AdmitSeq (0: none)
 }
 
 // liveWriting marks a slot a writer has claimed (no request's ID + 1).
@@ -48,6 +49,27 @@ type liveTable struct {
 // live is one entry read back, on the occupancy timeline.
 type live struct {
 	admit, arrive, first int64
+	admitSeq             uint64 // the proxy's number of its admission (0: none)
+}
+
+// admittedAfter reports whether x was admitted upstream after e: by the
+// proxy's numbers of their admissions when both have them (exact), else by
+// the stamps (t_admit is taken before the number, so two requests
+// admitted microseconds apart may have their stamps in the other order).
+func (x live) admittedAfter(e *occEntry) bool {
+	if x.admitSeq != 0 && e.admitSeq != 0 {
+		return x.admitSeq > e.admitSeq
+	}
+	return x.admit >= e.admit
+}
+
+// before orders two live requests by their admission: the numbers when
+// both have them, else their arrival stamps.
+func (x live) before(y live) bool {
+	if x.admitSeq != 0 && y.admitSeq != 0 {
+		return x.admitSeq < y.admitSeq
+	}
+	return x.arrive < y.arrive
 }
 
 // put notes tr's first output. It does not allocate.
@@ -66,6 +88,7 @@ func (l *liveTable) put(tr *proxy.Trace) {
 	s.admit.Store(int64(tr.Admit.Sub(l.base)))
 	s.arrive.Store(int64(tr.Admit.Add(tr.Connect).Sub(l.base)))
 	s.first.Store(int64(tr.FirstOutput.Sub(l.base)))
+	s.admitSeq.Store(tr.AdmitSeq)
 	s.id.Store(tr.ID + 1)
 }
 
@@ -89,7 +112,7 @@ func (l *liveTable) read(i int, epoch time.Time, self uint64) (x live, occupied,
 	case liveWriting, self + 1:
 		return live{}, true, false
 	}
-	x = live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load()}
+	x = live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load(), admitSeq: s.admitSeq.Load()}
 	if s.id.Load() != id {
 		return live{}, false, false
 	}
@@ -134,10 +157,14 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if occupied {
 			left--
 		}
-		if !ok || x.admit >= e.admit+int64(slotsOrderWindow) || x.first < 0 {
+		if !ok || x.first < 0 {
+			continue
+		}
+		after := x.admittedAfter(&e)
+		if after && x.admit >= e.admit+int64(slotsOrderWindow) {
 			continue // admitted after e: not ahead, not counted in flight
 		}
-		if x.admit >= e.admit {
+		if after {
 			// Admitted just after e, it may have reached the engine
 			// first (the engine's handlers race): not counted in flight
 			// at e's admission, but a prefill e may have waited for
@@ -163,7 +190,7 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 	// before it.
 	for i := 1; i < n; i++ {
 		x, j := o.liveAt[i], i
-		for ; j > 0 && o.liveAt[j-1].arrive > x.arrive; j-- {
+		for ; j > 0 && x.before(o.liveAt[j-1]); j-- {
 			o.liveAt[j] = o.liveAt[j-1]
 		}
 		o.liveAt[j] = x

@@ -91,3 +91,43 @@ func TestLiveSlotClaimed(t *testing.T) {
 	l.done(9)
 	require.Zero(t, l.n.Load())
 }
+
+// TestLiveAheadByAdmitSeq: which requests in flight were counted at a
+// request's admission is told by the proxy's numbers of their admissions,
+// not by the t_admit stamps, which two requests admitted microseconds
+// apart may carry in the other order. On one slot, a request in flight
+// whose first output came after e's was served after e and is taken off
+// the requests ahead, but only if the proxy counted it at e's admission:
+// admitted before e by its number (though stamped 0.3 ms after), it is
+// behind; admitted after (though stamped 0.3 ms before), it was never
+// counted, and taking it off would lose one that was.
+func TestLiveAheadByAdmitSeq(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		xSeq       uint64
+		xAdmit     float64
+		wantBehind int
+	}{
+		{"counted, stamped after", 9, 10.3, 1},
+		{"not counted, stamped before", 11, 9.7, 0},
+		{"no numbers: by the stamps", 0, 9.7, 1},
+	} {
+		r, _, _ := newTest(t, Config{})
+		first := served(0, 5, 6, 0) // puts the timeline's epoch
+		r.Record(&first)
+		x := served(c.xAdmit, 400, 500, 0)
+		x.ID, x.AdmitSeq = 20, c.xSeq
+		r.FirstOutput(&x)
+		e := served(10, 200, 300, 1)
+		e.ID, e.AdmitSeq = 21, 10
+		if c.xSeq == 0 {
+			e.AdmitSeq = 0
+		}
+		r.occ.mu.Lock()
+		ent, ok := r.occ.entryOf(&e)
+		require.True(t, ok)
+		behind := r.occ.liveAhead(ent, e.ID)
+		r.occ.mu.Unlock()
+		require.Equal(t, c.wantBehind, behind, c.name)
+	}
+}

@@ -1,6 +1,9 @@
 package histo
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // The batch lock (docs/queue-split.md "The batch lock"): some engines let
 // no slot start while a prefill batch computes. ollama's llamarunner
@@ -78,7 +81,8 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // requests take their slots together when the batch ends, though a
 // request that arrives a millisecond after another's slot start waits;
 // unless that prefill ran alone at its speed and e's own from there is
-// too long for e alone: e waited for it; or, when the group that prefill
+// too long for e alone, or fits e's estimate better from its end: e
+// waited for it; or, when the group that prefill
 // began with was slowed by a joiner, e joined at its first batch's end:
 // joinedFirstBatch). Only prefills that ended at
 // least least before e's first output are waited for. solo reports
@@ -87,7 +91,6 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // collected. The caller holds o.mu.
 func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration) (end int64, solo bool) {
 	solo = true
-	slow := point > 0 && float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack)
 	for i := range o.nPre {
 		o.joins[i] = 0
 		if b, ok := o.joinedFirstBatch(i, start); ok {
@@ -108,6 +111,12 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 				}
 				continue
 			}
+			// slow: e's prefill from start as it stands at this step is
+			// too long for e alone, or fits its estimate better from f.
+			// Judged once from the first start, a second prefill begun at
+			// the first one's end was waited for on the first's evidence.
+			slow := point > 0 && (float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack) ||
+				closer(e.first-f, e.first-start, point))
 			if startedFirst(s0, f, start, e.first) || s0 == start && alone && slow {
 				start, moved, solo = f, true, solo && alone
 			}
@@ -186,13 +195,15 @@ func soloPrefill(s0, f, pt int64) bool {
 // learned to hold none (as one request that waited for an end takes its
 // queue from it before the slot hint is set aside): a fresh proxy's first
 // burst has too few votes to learn from, and every request of it that
-// waited was split as unqueued (ollama P=4: three of four). point and
-// est are its prefill estimates (priors). The caller holds o.mu.
+// waited was split as unqueued (ollama P=4: three of four). pr holds its
+// prefill estimates (priors) and whether the engine reported its cached
+// tokens; head is its response head (-1: none). The caller holds o.mu.
 //
 // lstart is its start under the lock, learned or not: the requests after
 // it judge the lock by it (a start placed before the lock was learned
 // would make its prefill seem to cover theirs).
-func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, haveEst bool) (q time.Duration, lstart int64) {
+func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head int64) (q time.Duration, lstart int64) {
+	point := pr.point
 	start := e.arrive + int64(queue)
 	// A prefill that ended less than half e's own prefill estimate (less
 	// the slack) before e's first output was not waited for: requests that
@@ -200,12 +211,36 @@ func (o *occupancy) lockedQueue(e occEntry, queue, point, est time.Duration, hav
 	// each other.
 	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
 	end, solo := o.lockEnd(e, start, least, point)
-	v := lockVote(o, e, start, end, solo, point, est, haveEst)
+	v := lockVote(o, e, start, end, solo, point, pr.est, pr.haveEst)
+	other := !lockable(head, end, pr.reported)
+	if other && v == lockHeld {
+		v = lockNone // its evidence is of an engine without the lock
+	}
 	o.lock.observe(v)
-	if end == start || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
+	if end == start || other || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
+}
+
+// lockable reports whether a request whose start under a batch lock is
+// end can have waited for one, by the engine's evidence other than the
+// timing: the timing cannot tell. On an engine without a lock whose
+// concurrent prefills share its compute in arrival order (llama.cpp fills
+// each batch from its slots in order, vLLM's chunked prefill schedules
+// the running requests' chunks first), a request that arrived during
+// another's prefill gets its first output that prefill's end plus its own
+// prefill later, exactly when it would have under the lock
+// (TestBatchLockNotFromSharedPrefill: one request's own vote put 199 ms
+// of queue on a request that had a slot at once). The lock is ollama's
+// llamarunner's, behind ollama's OpenAI routes, which send the response
+// head with the first output and report no cached tokens
+// (docs/engines.md). So a head that left before end (the engine answered
+// it, at its admission or its slot start, before the lock would have let
+// it start) or a reported cached count says the engine is another, and
+// the request neither votes "held" nor moves.
+func lockable(head, end int64, reported bool) bool {
+	return !reported && (head < 0 || head >= end)
 }
 
 // lockVote is e's evidence: it started at start without a lock, at end
@@ -277,4 +312,14 @@ func startedFirst(s0, f, start, first int64) bool {
 		return f < first
 	}
 	return s0 < start
+}
+
+// closer reports whether a prefill of gap fits point better than one of
+// from (by their ratios to it), gap being at least pointLow of it.
+func closer(gap, from int64, point time.Duration) bool {
+	p := float64(point)
+	if float64(gap) < pointLow*p-float64(pointSlack) {
+		return false
+	}
+	return math.Abs(math.Log(float64(gap)/p)) < math.Abs(math.Log(float64(from)/p))
 }

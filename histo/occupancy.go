@@ -243,6 +243,9 @@ type priors struct {
 	// slot stays taken until then).
 	abandoned time.Duration
 	load      engineLoad // the engine's own counts at its arrival, when scraped
+	// reported is set when the engine reported its cached tokens (an
+	// engine without a batch lock: lockable).
+	reported bool
 }
 
 // place finds tr's queue from the requests ahead of it, learns from it,
@@ -257,6 +260,11 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	}
 	e, onTimeline := o.entryOf(tr)
 	if !onTimeline {
+		// Admitted but never sent (the dial failed, the client left
+		// first): it held no slot, but the proxy counted it in flight at
+		// the admissions while it was, and a later request must subtract
+		// it from that count, not take it for one ahead in the engine.
+		o.pushPassing(tr)
 		return placement{}, false
 	}
 	e.pt, e.pb = int64(max(pr.point, 0)), int64(max(pr.batch, 0))
@@ -310,6 +318,9 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		hint = o.slots.effective()
 	}
 	j, byPoint := waitedFor(e, ends[:c], n, max(hint, p.streams), est, haveEst, pr.point)
+	if j >= 0 && o.prefillExplains(e, ends[j], pr.point) {
+		j, byPoint = -1, false
+	}
 	p.inferred = byPoint
 	if p.tight = j >= 0; p.tight {
 		p.inEngine = n - j // it took the slot ends[j] freed: all of them were busy
@@ -353,7 +364,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// The engine's scrapes during its wait bound its queue below.
 	bound := o.waitedBound(e, ends, n-m, load.hist)
 	p.queue = max(p.queue, bound)
-	p.queue, e.lstart = o.lockedQueue(e, p.queue, pr.point, est, haveEst)
+	p.queue, e.lstart = o.lockedQueue(e, p.queue, pr, o.rel(tr.Headers))
 	p.byLoad = bound > 0 && p.queue == bound
 	return p, warn
 }
@@ -427,6 +438,42 @@ func waitedFor(e occEntry, ends []int64, n, slots int, est time.Duration, haveEs
 		return j, false
 	}
 	return j, pointFits(max(e.first-ends[j], 0), e.first-predictedStart(e, ends, n, slots), point)
+}
+
+// prefillExplains reports whether the end of a prefill that was in
+// progress during e's wait explains e's first output (its point estimate
+// later, within 1/explainBand–explainBand of it) where the end found,
+// one a slot came free at, does not: e took no slot that end freed, it
+// prefilled beside that prefill (an engine without a lock whose
+// concurrent prefills share its compute in arrival order gives it its
+// first output that prefill's end plus its own prefill later) or waited
+// for its batch (lockedQueue judges that). Not told so, one request of
+// two 1 ms apart, 6,000 tokens each, 300 ms alone, on two slots given as
+// --engine-slots 2, was read as waiting for the other's slot to come free
+// with its stream's end, a first output 199 ms after it (0.66 of the
+// estimate, within pointFits' band): 299 ms of queue, where the other's
+// prefill end explains it to a millisecond
+// (TestBatchLockNotFromSharedPrefill). The caller holds o.mu.
+func (o *occupancy) prefillExplains(e occEntry, end int64, point time.Duration) bool {
+	if point <= 0 || within(e.first-end, point) {
+		return false
+	}
+	for i := range o.nPre {
+		if f := o.pre[1][i]; f > e.arrive && f < end && within(e.first-f, point) {
+			return true
+		}
+	}
+	return false
+}
+
+// explainBand bounds prefillExplains' fit: a prefill of d fits point when
+// d/point is within 1/explainBand–explainBand.
+const explainBand = 1.25
+
+// within reports whether a prefill of d fits point within explainBand.
+func within(d int64, point time.Duration) bool {
+	r := float64(d) / float64(point)
+	return r >= 1/explainBand && r <= explainBand
 }
 
 // predictedStart is when e began with slots slots: at its arrival, or at
@@ -533,12 +580,22 @@ func (o *occupancy) passing(tr *proxy.Trace) {
 	if !o.set {
 		o.epoch, o.set = tr.Recv.Add(-epochMargin), true
 	}
+	o.pushPassing(tr)
+}
+
+// pushPassing puts tr on the timeline as a request that held no slot but
+// was counted in flight from its admission to its release. The caller
+// holds o.mu.
+func (o *occupancy) pushPassing(tr *proxy.Trace) {
 	if tr.Admit.IsZero() {
 		return // refused before admission: never counted in flight
 	}
 	e := occEntry{admit: o.rel(tr.Admit), first: -1, release: o.rel(tr.ClientDone), admitSeq: tr.AdmitSeq, releaseSeq: tr.ReleaseSeq}
 	if e.release < 0 {
 		e.release = o.rel(tr.End)
+	}
+	if e.release < 0 {
+		e.release = e.admit // no stamp after its admission: in flight for an instant
 	}
 	e.arrive, e.end, e.last = e.admit, e.release, e.release
 	o.push(e)

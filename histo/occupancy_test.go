@@ -377,19 +377,19 @@ func TestBatchLockSharedBatches(t *testing.T) {
 	r, _, _ := newTest(t, Config{})
 	for i := range 8 { // 1 ms per token, alone
 		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
-		tr.PromptTokens, tr.CachedTokens = 600, 0
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
 		r.Record(&tr)
 	}
 	var last [3]Request
 	for b := range 3 {
 		base := 100000 + float64(b)*20000
 		holder := served(base, base+600, base+9000, 0)
-		holder.PromptTokens, holder.CachedTokens = 600, 0
+		holder.PromptTokens, holder.Prefix.Tracked = 600, true
 		holder.ID = uint64(1000 + 10*b)
 		r.FirstOutput(&holder)
 		for i := range 3 { // took their slots at base+600 together: 1,800 tokens on one thread
 			w := served(base+1+float64(i), base+2400+float64(i), base+3000+float64(100*i), 1+i)
-			w.PromptTokens, w.CachedTokens = 600, 0
+			w.PromptTokens, w.Prefix.Tracked = 600, true
 			w.ID = holder.ID + 1 + uint64(i)
 			r.Record(&w)
 			last[i] = r.Recent(1)[0]
@@ -405,8 +405,30 @@ func TestBatchLockSharedBatches(t *testing.T) {
 	// their batches: it did not wait for that prefill to end (a prefill of
 	// 2 ms is none), though it arrived during it.
 	late := served(100000+2*20000+1000, 100000+2*20000+2404, 100000+2*20000+2600, 3)
-	late.PromptTokens, late.CachedTokens = 600, 0
+	late.PromptTokens, late.Prefix.Tracked = 600, true
 	r.Record(&late)
 	rq := r.Recent(1)[0]
 	require.GreaterOrEqual(t, rq.Prefill.Millis(), 300.0, "queue %.1f ms", rq.Queue.Millis())
+}
+
+// TestOccupancyNeverSentNotAhead: a request the proxy admitted but never
+// sent (its upstream dial failed) held no slot, yet the proxy counted it
+// in flight at the admissions while it was. On two slots, w arrives with
+// x and y in them and z, never sent, in the proxy's count: it waited for
+// x's end (300 ms), not y's (350 ms). Off the timeline, z was a request
+// ahead not recorded yet, and w was placed at y's end.
+func TestOccupancyNeverSentNotAhead(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 2})
+	x := served(0, 100, 300, 0)
+	y := served(1, 120, 350, 1)
+	z := served(2, 0, 0, 2)
+	z.Sent, z.Headers, z.FirstEvent, z.FirstOutput, z.FirstContent, z.LastToken, z.End = time.Time{}, time.Time{}, time.Time{}, time.Time{}, time.Time{}, time.Time{}, time.Time{}
+	z.ClientDone, z.Status, z.ErrSide, z.ErrKind = at(5), 502, proxy.SideUpstream, proxy.ErrConnect
+	w := served(4, 400, 700, 3)
+	for i, tr := range []*proxy.Trace{&z, &x, &y, &w} {
+		tr.ID = uint64(i + 1)
+		r.Record(tr)
+	}
+	rq := r.Recent(1)[0]
+	require.InDelta(t, 296, rq.Queue.Millis(), 1, "queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
 }

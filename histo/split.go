@@ -148,7 +148,7 @@ func modelSplit(tr *proxy.Trace, rs rates) split {
 // source, so that the requests after it see it), learns the head mode from
 // it, and returns where it stood.
 func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
-	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr)}
+	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr), reported: tr.CachedTokens >= 0}
 	pr.point, pr.floor = prefillPoint(tr, rs)
 	pr.batch = firstBatch(tr, rs, pr.point)
 	pr.est, pr.haveEst = estimate(tr, rs, false)
