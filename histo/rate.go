@@ -197,7 +197,7 @@ func (m *rateModel) learnSample(n, cached, t float64, rs rates) {
 // 310 ms for 320 tokens against ~70 ms warm): kept as the reference, it
 // made the next seven cold prompts cache hits until eight refused in a
 // row agreed (refuse), and the model rested on that one sample until
-// then (TestRateModelNotPoisonedByTheFirstLoad).
+// then (TestRateModelNotLockedByAStall).
 func reference(rs rates, n, cached float64) float64 {
 	if rs.ready {
 		return rs.fit.cost(n, cached)
@@ -307,7 +307,7 @@ func (m *rateModel) refitLocked() {
 		per = append(per, x.t/x.n)
 	}
 	insertionSortFloat(per)
-	m.fit.typical = median(per[:len(per)-1])
+	m.fit.typical = median(per[:max(len(per)-1, 0)])
 	m.ready = m.n >= modelMinSamples
 }
 

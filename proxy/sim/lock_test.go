@@ -140,3 +140,39 @@ func TestSharedPrefillAbandoned(t *testing.T) {
 		require.Equal(t, 702*time.Millisecond, b.Abandoned, "b's prefill runs on shared")
 	})
 }
+
+// TestSharedPrefillInOrder: without the lock, SharedPrefill computes the
+// prefills in progress in the order they began, as llama.cpp fills its
+// batches from its slots in order: b, arriving 100 ms into a's 1,001 ms
+// prefill, has its slot at once (no queue) and its first output a's end
+// plus its own 501 ms later.
+func TestSharedPrefillInOrder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Engine = EngineLlamaCpp
+		cfg.Slots = 4
+		cfg.PrefillTokensPerSec = 1000
+		cfg.ContextSlowdown = -1
+		cfg.SwitchCost = -1
+		cfg.SharedPrefill = true
+		v := startVirtual(t, cfg)
+		done := make(chan struct{}, 2)
+		for i, tokens := range []int{1000, 500} {
+			go func() {
+				body := longPrompt(fmt.Sprintf("order%d", i), tokens, false)
+				resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", fmt.Sprintf("order%d", i))
+				resp.Body.Close()
+				done <- struct{}{}
+			}()
+			synctest.Wait()
+			time.Sleep(100 * time.Millisecond)
+		}
+		for range 2 {
+			<-done
+		}
+		a, b := truthOf(t, v.s, "order0"), truthOf(t, v.s, "order1")
+		require.Zero(t, b.Queue, "a slot at once: no lock")
+		require.Equal(t, 1001*time.Millisecond, a.Prefill)
+		require.Equal(t, 1402*time.Millisecond, b.Prefill, "after a's prefill computed")
+	})
+}

@@ -183,6 +183,17 @@ func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *re
 	defer s.unlockPrefill(res) // an abandoned prefill holds the lock while it runs on
 	solo := s.prefillTime(j, res, fresh)
 	d := solo
+	if s.cfg.SharedPrefill && s.cfg.BatchLock != LockPrefill {
+		// In the order they began: after the prefills before it.
+		s.mu.Lock()
+		from := start
+		if s.computeFree.After(from) {
+			from = s.computeFree
+		}
+		s.computeFree = from.Add(solo)
+		s.mu.Unlock()
+		d = s.computeFree.Sub(start)
+	}
 	if g := res.group; g != nil {
 		s.mu.Lock()
 		g.add(d)

@@ -233,7 +233,13 @@ type Config struct {
 	// (P=4, three requests sharing: 320 ms each where one alone took
 	// 121 ms): each of a group granted together takes Σ min(w, its w)
 	// over the group's solo prefill times w (processor sharing) instead of
-	// its own. Off, each runs at its own speed.
+	// its own. Without the lock (BatchLock LockNone) it makes the
+	// prefills in progress share the engine's compute in the order they
+	// began, as llama.cpp fills each batch from its slots in order and
+	// vLLM's chunked prefill schedules the running requests' chunks first:
+	// a request has its slot at once (no queue) and its prefill computes
+	// once the prefills begun before it have. Off, each runs at its own
+	// speed.
 	SharedPrefill bool
 	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
 	// n_batch. 0 means 2048.
@@ -406,10 +412,13 @@ type Server struct {
 	// prefilling counts the prefills holding the engine's lock
 	// (LockPrefill).
 	prefilling int
-	stats      Stats
-	truths     *truths
-	counters   engineCounters
-	kvUsed     int // KV tokens reserved by the requests holding slots
+	// computeFree is when the prefills begun so far will have computed
+	// (SharedPrefill without the lock): the next one computes from then.
+	computeFree time.Time
+	stats       Stats
+	truths      *truths
+	counters    engineCounters
+	kvUsed      int // KV tokens reserved by the requests holding slots
 
 	metrics http.Handler    // GET /metrics in Config.Metrics form
 	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
