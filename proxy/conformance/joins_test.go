@@ -103,13 +103,14 @@ func (j slotJoins) String() string {
 		j.atOnce, j.streamEnd, j.prefillEnd, j.firstBatch, j.other)
 }
 
-// hostLoad is /proc/loadavg's three averages, or "unknown".
+// hostLoad is /proc/loadavg (the 1, 5 and 15-minute load averages, the
+// running/all tasks, the last PID), or "unknown".
 func hostLoad() string {
 	b, err := os.ReadFile("/proc/loadavg")
-	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
-		return strings.Join(f[:3], " ")
+	if err != nil {
+		return "unknown"
 	}
-	return "unknown"
+	return strings.TrimSpace(string(b))
 }
 
 // TestJoinOf: a made-up 2-slot timeline in ms: h takes a slot at once and
