@@ -57,6 +57,8 @@ func TestAgentConversationsInferredCache(t *testing.T) {
 					logSample(t, s)
 				}
 			}
+			logSplitTable(t, ss)
+			writeCapture(t, st, fmt.Sprintf("agents-p%d", slots), slots, 0, ss)
 			checkQueueBar(t, ss)
 			checkInferredCache(t, convs)
 		})

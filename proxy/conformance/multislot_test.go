@@ -232,6 +232,7 @@ func checkQueueBar(t *testing.T, ss []*sample) {
 	}
 	share := float64(within) / float64(len(ss))
 	t.Logf("%d of %d requests (%.1f%%) within max(25 ms, 10%%) of the engine's queue; largest error %+.1f ms", within, len(ss), 100*share, ms(worst))
+	t.Logf("engine (slot log): %v; host load %s", tallyJoins(ss), hostLoad())
 	if share < withinBar {
 		barMissed(t, "%d of %d requests within the bar (%.1f%%), want ≥ %.0f%%; misses: %v", within, len(ss), 100*share, 100*withinBar, misses)
 	}
