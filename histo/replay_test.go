@@ -76,12 +76,32 @@ func replay(t *testing.T, tl *replayTimeline) *histo.Recorder {
 // stream's end, a prefill that runs on after its client left. The split
 // is deterministic given the Traces, so the figures are exact.
 func TestReplayOllama(t *testing.T) {
-	files, err := filepath.Glob("testdata/ollama/*.json")
+	replaySet(t, "testdata/ollama/*.json", replayBars)
+}
+
+// TestReplayOllamaLoaded splits again the timelines captured against
+// ollama while the shared host was loaded (session 8: the other helpers'
+// work, or 2–4 busy loops beside the suite; histo/testdata/ollama/loaded,
+// docs/real-engine.md), held to bars of their own: under load a request
+// waiting for llamarunner's batch mutex wins its first unlock far more
+// often and joins the holder at its first 512-token batch's end (24–38%
+// of the P=4 waiters against 6–14% quiet), which the split's first-batch
+// rule sees only for waiters whose slot came free as that prefill began.
+// The bars are today's figures less a margin, so that a rule tuned on
+// the quiet runs shows what it costs here.
+func TestReplayOllamaLoaded(t *testing.T) {
+	replaySet(t, "testdata/ollama/loaded/*.json", replayBarsLoaded)
+}
+
+// replaySet replays every timeline the glob names and holds each slot
+// count's share of requests within max(25 ms, 10%) of the truth to bars.
+func replaySet(t *testing.T, glob string, bars map[int]float64) {
+	files, err := filepath.Glob(glob)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(files) == 0 {
-		t.Fatal("no captured timelines in testdata/ollama")
+		t.Fatalf("no captured timelines in %s", glob)
 	}
 	within, total := map[int]int{}, map[int]int{}
 	for _, f := range files {
@@ -101,7 +121,7 @@ func TestReplayOllama(t *testing.T) {
 		within[tl.Slots] += w
 		total[tl.Slots] += len(tl.Truth)
 	}
-	for slots := range replayBars {
+	for slots := range bars {
 		if total[slots] == 0 {
 			t.Errorf("no captured timeline of %d slots", slots)
 		}
@@ -109,7 +129,7 @@ func TestReplayOllama(t *testing.T) {
 	for slots, n := range total {
 		share := float64(within[slots]) / float64(n)
 		t.Logf("%d slots: %d of %d (%.1f%%) within the bar", slots, within[slots], n, 100*share)
-		if bar, ok := replayBars[slots]; !ok || share < bar {
+		if bar, ok := bars[slots]; !ok || share < bar {
 			t.Errorf("%d slots: %d of %d within the bar (%.1f%%), want ≥ %.0f%%", slots, within[slots], n, 100*share, 100*bar)
 		}
 	}
@@ -124,6 +144,11 @@ func TestReplayOllama(t *testing.T) {
 // ran twice their estimate on the loaded host (docs/queue-split.md
 // "Measured against ollama").
 var replayBars = map[int]float64{1: 1, 2: 0.9, 4: 0.9}
+
+// replayBarsLoaded is TestReplayOllamaLoaded's: the figures of session 8's
+// last commit (1 slot 470 of 480, 2 slots 312 of 360, 4 slots 677 of 840,
+// the P=4 figure with the agents' 8 conversations) less about two points.
+var replayBarsLoaded = map[int]float64{1: 0.96, 2: 0.85, 4: 0.78}
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
 // (Untracked, Drift) marshal as text and do not unmarshal; the split reads
