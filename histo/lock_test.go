@@ -3,6 +3,8 @@ package histo
 import (
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestJoinedFirstBatch holds the first-batch join to llamarunner's
@@ -44,4 +46,24 @@ func TestJoinedFirstBatch(t *testing.T) {
 			t.Errorf("%s: joined %v at %.0f ms, want %v at %.0f", c.name, ok, float64(end)/1e6, c.want, c.wantEnd)
 		}
 	}
+}
+
+// TestLockEndJudgedPerStep: e arrived with x1 and waited for its prefill
+// (0–100 ms); x2 took its slot at x1's end and prefilled alone to 200 ms;
+// e's first output at 230 ms is its 130 ms prefill from x1's end, which it
+// shared with x2's start. "Too long for e alone" is judged from the start
+// as it stands at each step: from x1's end (130 ms of 130) it is not, and
+// e did not wait for x2 too. Judged once from e's arrival (229 ms), it
+// was, and e was placed at x2's end with 30 ms left for a 130 ms prefill.
+func TestLockEndJudgedPerStep(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	var o occupancy
+	for i, p := range [][3]float64{{0, 100, 100}, {100, 200, 100}} {
+		o.pre[0][i], o.pre[1][i], o.pre[2][i] = ms(p[0]), ms(p[1]), ms(p[2])
+	}
+	o.nPre = 2
+	e := occEntry{arrive: ms(1), first: ms(230)}
+	end, solo := o.lockEnd(e, e.arrive, ms(5), 130*time.Millisecond)
+	require.Equal(t, ms(100), end, "start under the lock %.0f ms", float64(end)/1e6)
+	require.True(t, solo)
 }
