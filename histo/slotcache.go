@@ -78,12 +78,23 @@ type slotTurn struct {
 	rs      rates
 }
 
-// cacheSlot is one modelled slot: the last sequence that ran in it.
+// cacheSlot is one modelled slot: the last sequence that ran in it. The
+// fields a placement reads of every slot (used, end, and the chain's
+// depth and whole-prompt hash, its identity) sit together at the end, so
+// that a slot whose prompt's common prefix is memoized (commonMemo) costs
+// one cache line.
 type cacheSlot struct {
-	used   bool
 	chain  prefix.Chain
 	tokens int64
 	end    time.Time
+	used   bool
+}
+
+// sameChain reports whether a and b are the same prompt's chains: equal
+// depth and whole-prompt hash (a keyed 64-bit hash of the canonical
+// prompt, as the prefix tracker's trie trusts it), hence equal marks.
+func sameChain(a, b *prefix.Chain) bool {
+	return a.Depth == b.Depth && a.Tail[prefix.ChainEnds-1].Hash == b.Tail[prefix.ChainEnds-1].Hash
 }
 
 // slotReplay is the engine replayed with one slot count.
@@ -118,6 +129,7 @@ type slotCache struct {
 	// learned from pairs of prompts that share one (0 before any).
 	perByte float64
 	scratch slotReplay // predict's copy of a replay
+	memo    commonMemo // the common prefixes of one pick's target
 }
 
 // turnOf is tr's slotTurn: its slot start (the split's, else its arrival
@@ -196,16 +208,18 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 				continue
 			}
 			if h.ran {
-				c.scratch.slots[c.scratch.pick(&h.chain, h.start)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
+				c.memo.begin()
+				c.scratch.slots[c.scratch.pickWith(&h.chain, h.start, -1, &c.memo)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
 			}
 		}
 	}
-	k := c.scratch.pick(&t.chain, t.start)
+	c.memo.begin()
+	k := c.scratch.pickWith(&t.chain, t.start, -1, &c.memo)
 	c.learnPerByte(&c.scratch.slots[k], t)
 	cached = c.cachedFrom(&c.scratch.slots[k], t)
 	alt = cached
 	if len(c.scratch.slots) > 1 {
-		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickExcept(&t.chain, t.start, k)], t)
+		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickWith(&t.chain, t.start, k, &c.memo)], t)
 	}
 	return cached, alt, inFlight
 }
@@ -230,12 +244,13 @@ func (c *slotCache) place(t *slotTurn) {
 	}
 	var picked [len(cacheSlotCounts)]int
 	var cached [len(cacheSlotCounts)]int64
+	c.memo.begin() // one target for all replays: their slots hold the same recent prompts
 	for i := range c.replays {
 		r := &c.replays[i]
 		if len(r.slots) == 0 {
 			r.slots = make([]cacheSlot, cacheSlotCounts[i])
 		}
-		picked[i] = r.pick(&t.chain, t.start)
+		picked[i] = r.pickWith(&t.chain, t.start, -1, &c.memo)
 		cached[i] = c.cachedFrom(&r.slots[picked[i]], t)
 	}
 	if t.score && t.tokens > 0 {
@@ -247,7 +262,11 @@ func (c *slotCache) place(t *slotTurn) {
 		}
 	}
 	for i := range c.replays {
-		c.replays[i].slots[picked[i]] = cacheSlot{used: true, chain: t.chain, tokens: t.tokens, end: t.end}
+		s := &c.replays[i].slots[picked[i]]
+		if !s.used || !sameChain(&s.chain, &t.chain) { // a repeated prompt's chain is there already
+			s.chain = t.chain
+		}
+		s.used, s.tokens, s.end = true, t.tokens, t.end
 	}
 }
 
@@ -301,24 +320,25 @@ func abs(x float64) float64 {
 // did by the proxy's clock, the one whose holder ended first (it is the
 // one the request waited for).
 func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
-	return r.pickExcept(ch, start, -1)
+	return r.pickWith(ch, start, -1, nil)
 }
 
-// pickExcept is pick without slot except (-1: none): where the request
-// goes when another took its slot first.
-func (r *slotReplay) pickExcept(ch *prefix.Chain, start time.Time, except int) int {
-	best, longest := -1, int64(-2)
+// pickWith is pick without slot except (-1: none), which is where the
+// request goes when another took its slot first, reading the common
+// prefixes through m (nil: none), begun for ch.
+func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *commonMemo) int {
+	best, longest, free := -1, int64(-2), start.Add(freeSlack)
 	for k := range r.slots {
 		s := &r.slots[k]
-		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
+		if k == except || s.used && s.end.After(free) {
 			continue
 		}
-		_, b := prefix.Common(&s.chain, ch)
-		if !s.used {
-			// Any prompt of the model shares its first tokens (BOS, the
-			// template's) with a used slot's, so ollama's count puts every
-			// used slot above an empty one (0).
-			b = -1
+		// Any prompt of the model shares its first tokens (BOS, the
+		// template's) with a used slot's, so ollama's count puts every
+		// used slot above an empty one (-1).
+		b := int64(-1)
+		if s.used {
+			b = m.common(&s.chain, ch)
 		}
 		if b > longest {
 			best, longest = k, b
@@ -389,5 +409,61 @@ func (c *slotCache) learnPerByte(s *cacheSlot, t *slotTurn) {
 		c.perByte = x
 	default:
 		c.perByte += (x - c.perByte) / 16
+	}
+}
+
+// commonMemo holds the common prefix bytes of one target chain with the
+// slots' chains, by the slot chain's identity (sameChain), for one
+// placement: its fifteen replays hold the same recent prompts many times
+// over (242 slots in all), so each distinct prompt is compared once. An
+// entry is valid while its stamp is the memo's; begin starts a target.
+// Not safe for concurrent use: the slot cache's mutex guards it.
+type commonMemo struct {
+	stamp uint32
+	n     int // entries of this stamp
+	e     [memoSize]memoEntry
+}
+
+type memoEntry struct {
+	hash  uint64
+	depth int32
+	stamp uint32
+	bytes int64
+}
+
+// memoSize is above twice the slots of all replays, so that probing
+// stays short; past memoSize/2 entries a target is compared directly.
+const memoSize = 1024
+
+// begin starts a new target chain.
+func (m *commonMemo) begin() {
+	m.stamp++
+	m.n = 0
+	if m.stamp == 0 { // wrapped: no entry may look current
+		m.e = [memoSize]memoEntry{}
+		m.stamp = 1
+	}
+}
+
+// common is prefix.Common(s, ch)'s bytes, for the target ch of begin.
+func (m *commonMemo) common(s, ch *prefix.Chain) int64 {
+	if m == nil || m.n >= memoSize/2 {
+		_, b := prefix.Common(s, ch)
+		return b
+	}
+	h, d := s.Tail[prefix.ChainEnds-1].Hash, int32(s.Depth)
+	// The hash is keyed and uniform already; the depth tells apart the
+	// empty chains (hash 0).
+	for i := (h + uint64(d)) % memoSize; ; i = (i + 1) % memoSize {
+		e := &m.e[i]
+		if e.stamp != m.stamp {
+			_, b := prefix.Common(s, ch)
+			*e = memoEntry{hash: h, depth: d, stamp: m.stamp, bytes: b}
+			m.n++
+			return b
+		}
+		if e.hash == h && e.depth == d {
+			return e.bytes
+		}
 	}
 }

@@ -171,3 +171,37 @@ func BenchmarkSlotCache(b *testing.B) {
 		c.record(t)
 	}
 }
+
+// TestSlotPickMemo: a pick through the memo is the pick without it, for
+// slots holding repeated and distinct prompts of several conversations,
+// busy and free, and for each replay of one placement in turn (the
+// memo begun once for them all, as place does); and a memo whose stamp
+// wrapped holds no stale entry.
+func TestSlotPickMemo(t *testing.T) {
+	at := time.Unix(1000, 0)
+	var m commonMemo
+	replays := make([]slotReplay, len(cacheSlotCounts))
+	for i, n := range cacheSlotCounts {
+		replays[i].slots = make([]cacheSlot, n)
+		for k := range n - n/5 { // some left empty
+			conv, turn := uint64((i+k)%7), (i*k)%5
+			replays[i].slots[k] = cacheSlot{used: true, chain: convChain(conv, turn), end: at.Add(time.Duration((i*31+k*17)%9-4) * time.Millisecond)}
+		}
+	}
+	for conv := range uint64(8) {
+		for turn := range 6 {
+			ch := convChain(conv, turn)
+			m.begin()
+			for i := range replays {
+				for _, except := range []int{-1, 0} {
+					want := replays[i].pickWith(&ch, at, except, nil)
+					require.Equal(t, want, replays[i].pickWith(&ch, at, except, &m), "replay %d, conversation %d turn %d", i, conv, turn)
+				}
+			}
+		}
+	}
+	m.stamp = ^uint32(0)
+	m.begin()
+	require.Equal(t, uint32(1), m.stamp)
+	require.Zero(t, m.e[0].stamp)
+}
