@@ -78,29 +78,55 @@ type slotTurn struct {
 	rs      rates
 }
 
-// cacheSlot is one modelled slot: the last sequence that ran in it. The
-// fields a placement reads of every slot (used, end, and the chain's
-// depth and whole-prompt hash, its identity) sit together at the end, so
-// that a slot whose prompt's common prefix is memoized (commonMemo) costs
-// one cache line.
+// cacheSlot is one modelled slot: the last sequence that ran in it, less
+// its chain (slotReplay.chains), with the chain's identity: what a pick
+// reads of every slot, 48 bytes, where a chain is 264 (the replays hold
+// 242 slots).
 type cacheSlot struct {
-	chain  prefix.Chain
+	used   bool
+	id     chainID
 	tokens int64
 	end    time.Time
-	used   bool
 }
 
-// sameChain reports whether a and b are the same prompt's chains: equal
-// depth and whole-prompt hash (a keyed 64-bit hash of the canonical
-// prompt, as the prefix tracker's trie trusts it), hence equal marks.
-func sameChain(a, b *prefix.Chain) bool {
-	return a.Depth == b.Depth && a.Tail[prefix.ChainEnds-1].Hash == b.Tail[prefix.ChainEnds-1].Hash
+// chainID is a chain's identity: its depth and whole-prompt hash (a keyed
+// 64-bit hash of the canonical prompt, as the prefix tracker's trie
+// trusts it). Equal identities are the same prompt's chains, hence equal
+// marks.
+type chainID struct {
+	depth int32
+	hash  uint64
+}
+
+func idOf(ch *prefix.Chain) chainID {
+	return chainID{int32(ch.Depth), ch.Tail[prefix.ChainEnds-1].Hash}
 }
 
 // slotReplay is the engine replayed with one slot count.
 type slotReplay struct {
-	slots []cacheSlot
-	score float64 // smoothed relative error of the prefills it predicts
+	slots  []cacheSlot
+	chains []prefix.Chain // chains[k] is slot k's prompt's
+	score  float64        // smoothed relative error of the prefills it predicts
+}
+
+// newSlotReplay is a replay of n empty slots.
+func newSlotReplay(n int) slotReplay {
+	return slotReplay{slots: make([]cacheSlot, n), chains: make([]prefix.Chain, n)}
+}
+
+// put leaves a sequence of chain ch in slot k; a repeated prompt's chain
+// is not copied again.
+func (r *slotReplay) put(k int, ch *prefix.Chain, tokens int64, end time.Time) {
+	s := &r.slots[k]
+	if id := idOf(ch); !s.used || s.id != id {
+		s.id, r.chains[k] = id, *ch
+	}
+	s.used, s.tokens, s.end = true, tokens, end
+}
+
+// copyFrom makes r a copy of o, reusing r's arrays.
+func (r *slotReplay) copyFrom(o *slotReplay) {
+	r.slots, r.chains = append(r.slots[:0], o.slots...), append(r.chains[:0], o.chains...)
 }
 
 // slotBounds are the slot counts the evidence allows: at least lo; exact
@@ -197,9 +223,9 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 	i := c.choose(b)
 	r := &c.replays[i]
 	if len(r.slots) == 0 {
-		r.slots = make([]cacheSlot, cacheSlotCounts[i])
+		*r = newSlotReplay(cacheSlotCounts[i])
 	}
-	c.scratch.slots = append(c.scratch.slots[:0], r.slots...)
+	c.scratch.copyFrom(r)
 	if t.id != 0 && c.next != 0 {
 		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
 			h := &c.ring[id%reorderRing]
@@ -209,17 +235,17 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 			}
 			if h.ran {
 				c.memo.begin()
-				c.scratch.slots[c.scratch.pickWith(&h.chain, h.start, -1, &c.memo)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
+				c.scratch.put(c.scratch.pickWith(&h.chain, h.start, -1, &c.memo), &h.chain, h.tokens, h.end)
 			}
 		}
 	}
 	c.memo.begin()
 	k := c.scratch.pickWith(&t.chain, t.start, -1, &c.memo)
-	c.learnPerByte(&c.scratch.slots[k], t)
-	cached = c.cachedFrom(&c.scratch.slots[k], t)
+	c.learnPerByte(&c.scratch, k, t)
+	cached = c.cachedFrom(&c.scratch, k, t)
 	alt = cached
 	if len(c.scratch.slots) > 1 {
-		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickWith(&t.chain, t.start, k, &c.memo)], t)
+		alt = c.cachedFrom(&c.scratch, c.scratch.pickWith(&t.chain, t.start, k, &c.memo), t)
 	}
 	return cached, alt, inFlight
 }
@@ -248,10 +274,10 @@ func (c *slotCache) place(t *slotTurn) {
 	for i := range c.replays {
 		r := &c.replays[i]
 		if len(r.slots) == 0 {
-			r.slots = make([]cacheSlot, cacheSlotCounts[i])
+			*r = newSlotReplay(cacheSlotCounts[i])
 		}
 		picked[i] = r.pickWith(&t.chain, t.start, -1, &c.memo)
-		cached[i] = c.cachedFrom(&r.slots[picked[i]], t)
+		cached[i] = c.cachedFrom(r, picked[i], t)
 	}
 	if t.score && t.tokens > 0 {
 		if rs := t.rs; rs.any {
@@ -262,11 +288,7 @@ func (c *slotCache) place(t *slotTurn) {
 		}
 	}
 	for i := range c.replays {
-		s := &c.replays[i].slots[picked[i]]
-		if !s.used || !sameChain(&s.chain, &t.chain) { // a repeated prompt's chain is there already
-			s.chain = t.chain
-		}
-		s.used, s.tokens, s.end = true, t.tokens, t.end
+		c.replays[i].put(picked[i], &t.chain, t.tokens, t.end)
 	}
 }
 
@@ -338,7 +360,7 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 		// used slot above an empty one (-1).
 		b := int64(-1)
 		if s.used {
-			b = m.common(&s.chain, ch)
+			b = m.common(s.id, &r.chains[k], ch)
 		}
 		if b > longest {
 			best, longest = k, b
@@ -363,17 +385,18 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 // t's tokens less its bytes past the common prefix at the learned tokens
 // per byte (the chat template's fixed tokens stay with the shared part),
 // never more than either prompt.
-func (c *slotCache) cachedFrom(s *cacheSlot, t *slotTurn) int64 {
+func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn) int64 {
+	s := &r.slots[k]
 	if !s.used || t.tokens <= 0 {
 		return 0
 	}
-	d, common := prefix.Common(&s.chain, &t.chain)
+	d, common := prefix.Common(&r.chains[k], &t.chain)
 	switch {
 	case d == 0:
 		return 0
 	case d == t.chain.Depth:
 		return t.tokens - 1
-	case d == s.chain.Depth && s.tokens > 0:
+	case d == int(s.id.depth) && s.tokens > 0:
 		return min(s.tokens, t.tokens-1)
 	}
 	tb := t.chain.Tail[prefix.ChainEnds-1].Bytes
@@ -391,14 +414,15 @@ func (c *slotCache) cachedFrom(s *cacheSlot, t *slotTurn) int64 {
 // learnPerByte follows the tokens per byte past the common prefix of s's
 // prompt and t's, smoothed, when they share one and their sizes differ
 // enough to tell.
-func (c *slotCache) learnPerByte(s *cacheSlot, t *slotTurn) {
+func (c *slotCache) learnPerByte(r *slotReplay, k int, t *slotTurn) {
+	s, sc := &r.slots[k], &r.chains[k]
 	if !s.used || s.tokens <= 0 {
 		return
 	}
-	if d, _ := prefix.Common(&s.chain, &t.chain); d == 0 {
+	if d, _ := prefix.Common(sc, &t.chain); d == 0 {
 		return
 	}
-	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - s.chain.Tail[prefix.ChainEnds-1].Bytes
+	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - sc.Tail[prefix.ChainEnds-1].Bytes
 	if db > -perByteApart && db < perByteApart {
 		return
 	}
@@ -413,7 +437,7 @@ func (c *slotCache) learnPerByte(s *cacheSlot, t *slotTurn) {
 }
 
 // commonMemo holds the common prefix bytes of one target chain with the
-// slots' chains, by the slot chain's identity (sameChain), for one
+// slots' chains, by the slot chain's identity (chainID), for one
 // placement: its fifteen replays hold the same recent prompts many times
 // over (242 slots in all), so each distinct prompt is compared once. An
 // entry is valid while its stamp is the memo's; begin starts a target.
@@ -445,13 +469,14 @@ func (m *commonMemo) begin() {
 	}
 }
 
-// common is prefix.Common(s, ch)'s bytes, for the target ch of begin.
-func (m *commonMemo) common(s, ch *prefix.Chain) int64 {
+// common is prefix.Common(s, ch)'s bytes, for the target ch of begin; id
+// is s's identity.
+func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) int64 {
 	if m == nil || m.n >= memoSize/2 {
 		_, b := prefix.Common(s, ch)
 		return b
 	}
-	h, d := s.Tail[prefix.ChainEnds-1].Hash, int32(s.Depth)
+	h, d := id.hash, id.depth
 	// The hash is keyed and uniform already; the depth tells apart the
 	// empty chains (hash 0).
 	for i := (h + uint64(d)) % memoSize; ; i = (i + 1) % memoSize {

@@ -40,19 +40,19 @@ func convChain(conv uint64, k int) prefix.Chain {
 // by the proxy's clock, the one whose holder ended first.
 func TestSlotPickOllamaRule(t *testing.T) {
 	at := time.Unix(1000, 0)
-	r := slotReplay{slots: []cacheSlot{
-		{used: true, chain: convChain(1, 0), end: at},
-		{used: true, chain: convChain(2, 0), end: at},
-		{},
-	}}
+	r := newSlotReplay(3)
+	c0, c1 := convChain(1, 0), convChain(2, 0)
+	r.put(0, &c0, 0, at)
+	r.put(1, &c1, 0, at)
 	c2, c3 := convChain(2, 1), convChain(3, 0)
 	require.Equal(t, 1, r.pick(&c2, at), "its own previous turn")
 	require.Equal(t, 0, r.pick(&c3, at), "the system prompt ties: the lowest-numbered")
 	r.slots[0].end = at.Add(time.Second)
 	require.Equal(t, 1, r.pick(&c3, at), "slot 0 is still busy")
-	r.slots[1].end, r.slots[2] = at.Add(time.Second/2), cacheSlot{used: true, end: at.Add(2 * time.Second)}
+	r.slots[1].end = at.Add(time.Second / 2)
+	r.put(2, &prefix.Chain{}, 0, at.Add(2*time.Second))
 	require.Equal(t, 1, r.pick(&c3, at), "none free: the first to end")
-	empty := slotReplay{slots: make([]cacheSlot, 3)}
+	empty := newSlotReplay(3)
 	require.Equal(t, 0, empty.pick(&c3, at))
 }
 
@@ -61,18 +61,19 @@ func TestSlotPickOllamaRule(t *testing.T) {
 // it, and the shared part's at the learned tokens per byte otherwise.
 func TestSlotCacheCounts(t *testing.T) {
 	var c slotCache
-	prev := cacheSlot{used: true, chain: convChain(1, 0), tokens: 200}
+	prev, ch := newSlotReplay(2), convChain(1, 0)
+	prev.put(0, &ch, 200, time.Time{})
 	next := slotTurn{chain: convChain(1, 1), tokens: 420}
-	require.Equal(t, int64(200), c.cachedFrom(&prev, &next))
+	require.Equal(t, int64(200), c.cachedFrom(&prev, 0, &next))
 	same := slotTurn{chain: convChain(1, 0), tokens: 200}
-	require.Equal(t, int64(199), c.cachedFrom(&prev, &same))
+	require.Equal(t, int64(199), c.cachedFrom(&prev, 0, &same))
 	other := slotTurn{chain: convChain(2, 1), tokens: 430}
 	// No tokens per byte yet: the bytes' share (100 of 400 bytes).
-	require.Equal(t, int64(108), c.cachedFrom(&prev, &other))
-	c.learnPerByte(&prev, &next) // 220 tokens over 200 bytes
+	require.Equal(t, int64(108), c.cachedFrom(&prev, 0, &other))
+	c.learnPerByte(&prev, 0, &next) // 220 tokens over 200 bytes
 	require.InDelta(t, 1.1, c.perByte, 1e-9)
-	require.Equal(t, int64(430-330), c.cachedFrom(&prev, &other))
-	require.Zero(t, c.cachedFrom(&cacheSlot{}, &other))
+	require.Equal(t, int64(430-330), c.cachedFrom(&prev, 0, &other))
+	require.Zero(t, c.cachedFrom(&prev, 1, &other), "an empty slot")
 }
 
 // feedSlots is Record's use of the slot cache for t: the cost model
@@ -182,10 +183,10 @@ func TestSlotPickMemo(t *testing.T) {
 	var m commonMemo
 	replays := make([]slotReplay, len(cacheSlotCounts))
 	for i, n := range cacheSlotCounts {
-		replays[i].slots = make([]cacheSlot, n)
+		replays[i] = newSlotReplay(n)
 		for k := range n - n/5 { // some left empty
-			conv, turn := uint64((i+k)%7), (i*k)%5
-			replays[i].slots[k] = cacheSlot{used: true, chain: convChain(conv, turn), end: at.Add(time.Duration((i*31+k*17)%9-4) * time.Millisecond)}
+			ch := convChain(uint64((i+k)%7), (i*k)%5)
+			replays[i].put(k, &ch, 0, at.Add(time.Duration((i*31+k*17)%9-4)*time.Millisecond))
 		}
 	}
 	for conv := range uint64(8) {
