@@ -242,10 +242,10 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 	c.memo.begin()
 	k := c.scratch.pickWith(&t.chain, t.start, -1, &c.memo)
 	c.learnPerByte(&c.scratch, k, t)
-	cached = c.cachedFrom(&c.scratch, k, t)
+	cached = c.cachedFrom(&c.scratch, k, t, &c.memo)
 	alt = cached
 	if len(c.scratch.slots) > 1 {
-		alt = c.cachedFrom(&c.scratch, c.scratch.pickWith(&t.chain, t.start, k, &c.memo), t)
+		alt = c.cachedFrom(&c.scratch, c.scratch.pickWith(&t.chain, t.start, k, &c.memo), t, &c.memo)
 	}
 	return cached, alt, inFlight
 }
@@ -277,7 +277,7 @@ func (c *slotCache) place(t *slotTurn) {
 			*r = newSlotReplay(cacheSlotCounts[i])
 		}
 		picked[i] = r.pickWith(&t.chain, t.start, -1, &c.memo)
-		cached[i] = c.cachedFrom(r, picked[i], t)
+		cached[i] = c.cachedFrom(r, picked[i], t, &c.memo)
 	}
 	if t.score && t.tokens > 0 {
 		if rs := t.rs; rs.any {
@@ -350,6 +350,9 @@ func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
 // prefixes through m (nil: none), begun for ch.
 func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *commonMemo) int {
 	best, longest, free := -1, int64(-2), start.Add(freeSlack)
+	// No slot shares more than all of ch, and the first to share that
+	// much wins: a repeated prompt stops at its slot.
+	whole := ch.Tail[prefix.ChainEnds-1].Bytes
 	for k := range r.slots {
 		s := &r.slots[k]
 		if k == except || s.used && s.end.After(free) {
@@ -360,10 +363,13 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 		// used slot above an empty one (-1).
 		b := int64(-1)
 		if s.used {
-			b = m.common(s.id, &r.chains[k], ch)
+			_, b = m.common(s.id, &r.chains[k], ch)
 		}
 		if b > longest {
 			best, longest = k, b
+			if b >= whole {
+				break
+			}
 		}
 	}
 	if best >= 0 {
@@ -378,19 +384,20 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 	return max(best, 0)
 }
 
-// cachedFrom is the prompt tokens of t that slot s's sequence serves: its
+// cachedFrom is the prompt tokens of t that slot k's sequence serves: its
 // whole prompt when t continues it (the engine's count can be higher by
 // the answer's tokens, which the next prompt repeats), all of t but one
 // token when t is a prefix of it (the engine leaves one to sample), else
 // t's tokens less its bytes past the common prefix at the learned tokens
 // per byte (the chat template's fixed tokens stay with the shared part),
-// never more than either prompt.
-func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn) int64 {
+// never more than either prompt. It reads the common prefix through m
+// (nil: none), begun for t's chain.
+func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn, m *commonMemo) int64 {
 	s := &r.slots[k]
 	if !s.used || t.tokens <= 0 {
 		return 0
 	}
-	d, common := prefix.Common(&r.chains[k], &t.chain)
+	d, common := m.common(s.id, &r.chains[k], &t.chain)
 	switch {
 	case d == 0:
 		return 0
@@ -449,10 +456,10 @@ type commonMemo struct {
 }
 
 type memoEntry struct {
-	hash  uint64
-	depth int32
-	stamp uint32
-	bytes int64
+	hash          uint64
+	depth, common int32 // the slot chain's depth; the segments shared
+	stamp         uint32
+	bytes         int64
 }
 
 // memoSize is above twice the slots of all replays, so that probing
@@ -469,12 +476,11 @@ func (m *commonMemo) begin() {
 	}
 }
 
-// common is prefix.Common(s, ch)'s bytes, for the target ch of begin; id
-// is s's identity.
-func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) int64 {
+// common is prefix.Common(s, ch), for the target ch of begin; id is s's
+// identity.
+func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) (depth int, bytes int64) {
 	if m == nil || m.n >= memoSize/2 {
-		_, b := prefix.Common(s, ch)
-		return b
+		return prefix.Common(s, ch)
 	}
 	h, d := id.hash, id.depth
 	// The hash is keyed and uniform already; the depth tells apart the
@@ -482,13 +488,13 @@ func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) int64 {
 	for i := (h + uint64(d)) % memoSize; ; i = (i + 1) % memoSize {
 		e := &m.e[i]
 		if e.stamp != m.stamp {
-			_, b := prefix.Common(s, ch)
-			*e = memoEntry{hash: h, depth: d, stamp: m.stamp, bytes: b}
+			cd, cb := prefix.Common(s, ch)
+			*e = memoEntry{hash: h, depth: d, stamp: m.stamp, common: int32(cd), bytes: cb}
 			m.n++
-			return b
+			return cd, cb
 		}
 		if e.hash == h && e.depth == d {
-			return e.bytes
+			return int(e.common), e.bytes
 		}
 	}
 }

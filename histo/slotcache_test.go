@@ -64,16 +64,21 @@ func TestSlotCacheCounts(t *testing.T) {
 	prev, ch := newSlotReplay(2), convChain(1, 0)
 	prev.put(0, &ch, 200, time.Time{})
 	next := slotTurn{chain: convChain(1, 1), tokens: 420}
-	require.Equal(t, int64(200), c.cachedFrom(&prev, 0, &next))
+	require.Equal(t, int64(200), c.cachedFrom(&prev, 0, &next, nil))
 	same := slotTurn{chain: convChain(1, 0), tokens: 200}
-	require.Equal(t, int64(199), c.cachedFrom(&prev, 0, &same))
+	require.Equal(t, int64(199), c.cachedFrom(&prev, 0, &same, nil))
 	other := slotTurn{chain: convChain(2, 1), tokens: 430}
 	// No tokens per byte yet: the bytes' share (100 of 400 bytes).
-	require.Equal(t, int64(108), c.cachedFrom(&prev, 0, &other))
+	require.Equal(t, int64(108), c.cachedFrom(&prev, 0, &other, nil))
 	c.learnPerByte(&prev, 0, &next) // 220 tokens over 200 bytes
 	require.InDelta(t, 1.1, c.perByte, 1e-9)
-	require.Equal(t, int64(430-330), c.cachedFrom(&prev, 0, &other))
-	require.Zero(t, c.cachedFrom(&prev, 1, &other), "an empty slot")
+	require.Equal(t, int64(430-330), c.cachedFrom(&prev, 0, &other, nil))
+	var m commonMemo
+	m.begin()
+	for range 2 { // computed, then from the memo
+		require.Equal(t, int64(430-330), c.cachedFrom(&prev, 0, &other, &m))
+	}
+	require.Zero(t, c.cachedFrom(&prev, 1, &other, nil), "an empty slot")
 }
 
 // feedSlots is Record's use of the slot cache for t: the cost model
@@ -173,7 +178,35 @@ func BenchmarkSlotCache(b *testing.B) {
 	}
 }
 
-// TestSlotPickMemo: a pick through the memo is the pick without it, for
+// pickByRule is ollama's rule as TestSlotPickOllamaRule states it, over
+// every slot: the reference for pickWith's memo and early stop.
+func pickByRule(r *slotReplay, ch *prefix.Chain, start time.Time, except int) int {
+	best, longest := -1, int64(-2)
+	for k, s := range r.slots {
+		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
+			continue
+		}
+		_, b := prefix.Common(&r.chains[k], ch)
+		if !s.used {
+			b = -1
+		}
+		if b > longest {
+			best, longest = k, b
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	for k, s := range r.slots {
+		if k != except && (best < 0 || s.end.Before(r.slots[best].end)) {
+			best = k
+		}
+	}
+	return max(best, 0)
+}
+
+// TestSlotPickMemo: a pick through the memo, stopping at a slot that
+// holds the whole prompt, is the pick by the rule over every slot, for
 // slots holding repeated and distinct prompts of several conversations,
 // busy and free, and for each replay of one placement in turn (the
 // memo begun once for them all, as place does); and a memo whose stamp
@@ -195,8 +228,9 @@ func TestSlotPickMemo(t *testing.T) {
 			m.begin()
 			for i := range replays {
 				for _, except := range []int{-1, 0} {
-					want := replays[i].pickWith(&ch, at, except, nil)
-					require.Equal(t, want, replays[i].pickWith(&ch, at, except, &m), "replay %d, conversation %d turn %d", i, conv, turn)
+					want := pickByRule(&replays[i], &ch, at, except)
+					require.Equal(t, want, replays[i].pickWith(&ch, at, except, nil), "replay %d, conversation %d turn %d", i, conv, turn)
+					require.Equal(t, want, replays[i].pickWith(&ch, at, except, &m), "replay %d, conversation %d turn %d, memo", i, conv, turn)
 				}
 			}
 		}
