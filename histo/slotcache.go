@@ -144,7 +144,8 @@ func boundsOf(s SlotsSection) slotBounds {
 
 // slotCache models an engine's per-slot prompt cache. It is safe for
 // concurrent use; its mutex is held for the placement of the requests a
-// Record releases (a few microseconds each: every replay), and it takes
+// Record releases (about a microsecond each with varied prompts in every
+// slot, BenchmarkSlotCache, prediction included: every replay), and it takes
 // the cost model's lock inside its own (never the other way).
 type slotCache struct {
 	mu      sync.Mutex
