@@ -84,10 +84,14 @@ type slotTurn struct {
 // 242 slots).
 type cacheSlot struct {
 	used   bool
-	id     chainID
+	depth  int32 // with hash, the chain's identity (chainID), packed beside used
+	hash   uint64
 	tokens int64
 	end    time.Time
 }
+
+// id is the identity of s's chain.
+func (s *cacheSlot) id() chainID { return chainID{s.depth, s.hash} }
 
 // chainID is a chain's identity: its depth and whole-prompt hash (a keyed
 // 64-bit hash of the canonical prompt, as the prefix tracker's trie
@@ -118,8 +122,8 @@ func newSlotReplay(n int) slotReplay {
 // is not copied again.
 func (r *slotReplay) put(k int, ch *prefix.Chain, tokens int64, end time.Time) {
 	s := &r.slots[k]
-	if id := idOf(ch); !s.used || s.id != id {
-		s.id, r.chains[k] = id, *ch
+	if id := idOf(ch); !s.used || s.id() != id {
+		s.depth, s.hash, r.chains[k] = id.depth, id.hash, *ch
 	}
 	s.used, s.tokens, s.end = true, tokens, end
 }
@@ -364,7 +368,7 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 		// used slot above an empty one (-1).
 		b := int64(-1)
 		if s.used {
-			_, b = m.common(s.id, &r.chains[k], ch)
+			_, b = m.common(s.id(), &r.chains[k], ch)
 		}
 		if b > longest {
 			best, longest = k, b
@@ -398,13 +402,13 @@ func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn, m *commonMemo)
 	if !s.used || t.tokens <= 0 {
 		return 0
 	}
-	d, common := m.common(s.id, &r.chains[k], &t.chain)
+	d, common := m.common(s.id(), &r.chains[k], &t.chain)
 	switch {
 	case d == 0:
 		return 0
 	case d == t.chain.Depth:
 		return t.tokens - 1
-	case d == int(s.id.depth) && s.tokens > 0:
+	case d == int(s.depth) && s.tokens > 0:
 		return min(s.tokens, t.tokens-1)
 	}
 	tb := t.chain.Tail[prefix.ChainEnds-1].Bytes
