@@ -2,6 +2,9 @@ package histo
 
 import (
 	"math"
+	"sort"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -56,28 +59,38 @@ func turnBucket(turn int) int {
 	return len(turnBuckets) - 1
 }
 
-// ledgerMetrics are the prompt ledger's Prometheus exports.
+// ledgerMetrics are the prompt ledger's Prometheus exports: the share
+// histogram and the bytes counter by part. A request's four share
+// observations and four byte counts are taken under one mutex, and
+// exported at scrape as constant metrics (Collect), the same series a
+// HistogramVec and a CounterVec would export (TestLedgerMetricsAsVecs):
+// those took sixteen atomic updates per request, 0.8% of
+// BenchmarkNonStream's CPU. Safe for concurrent use.
 type ledgerMetrics struct {
-	share [numParts]prometheus.Observer
-	bytes [numParts]prometheus.Counter
+	share, bytes *prometheus.Desc
+	created      time.Time
+
+	mu    sync.Mutex
+	below [numParts][len(shareBounds) + 1]uint64 // observations by bucket, not cumulative; the last above every bound
+	count [numParts]uint64
+	sum   [numParts]float64
+	total [numParts]float64 // bytes
 }
 
+// shareBounds are the share histogram's bucket upper bounds.
+var shareBounds = [10]float64(prometheus.LinearBuckets(0.1, 0.1, 10))
+
 func newLedgerMetrics() (*ledgerMetrics, []prometheus.Collector) {
-	share := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "anvilproxy_prompt_share_ratio",
-		Help:    "Share of each tracked prompt's bytes in one part: system, tools, history (up to the last assistant message) or last_turn (after it).",
-		Buckets: prometheus.LinearBuckets(0.1, 0.1, 10),
-	}, []string{"part"})
-	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "anvilproxy_prompt_bytes_total",
-		Help: "Canonical prompt bytes sent, by part: system, tools, history or last_turn.",
-	}, []string{"part"})
-	m := &ledgerMetrics{}
-	for p := range numParts {
-		m.share[p] = share.WithLabelValues(partNames[p])
-		m.bytes[p] = bytes.WithLabelValues(partNames[p])
+	m := &ledgerMetrics{
+		share: prometheus.NewDesc("anvilproxy_prompt_share_ratio",
+			"Share of each tracked prompt's bytes in one part: system, tools, history (up to the last assistant message) or last_turn (after it).",
+			[]string{"part"}, nil),
+		bytes: prometheus.NewDesc("anvilproxy_prompt_bytes_total",
+			"Canonical prompt bytes sent, by part: system, tools, history or last_turn.",
+			[]string{"part"}, nil),
+		created: time.Now(),
 	}
-	return m, []prometheus.Collector{share, bytes}
+	return m, []prometheus.Collector{m}
 }
 
 func (m *ledgerMetrics) observe(res *prefix.Result) {
@@ -85,9 +98,37 @@ func (m *ledgerMetrics) observe(res *prefix.Result) {
 	if !ok {
 		return
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	for p, n := range b {
-		m.share[p].Observe(float64(n) / float64(res.PromptBytes))
-		m.bytes[p].Add(float64(n))
+		v := float64(n) / float64(res.PromptBytes)
+		// The first bound at or above v, as client_golang's findBucket.
+		m.below[p][sort.SearchFloat64s(shareBounds[:], v)]++
+		m.count[p]++
+		m.sum[p] += v
+		m.total[p] += float64(n)
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *ledgerMetrics) Describe(ch chan<- *prometheus.Desc) {
+	ch <- m.share
+	ch <- m.bytes
+}
+
+// Collect implements prometheus.Collector: the counts as they are now.
+func (m *ledgerMetrics) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	below, count, sum, total := m.below, m.count, m.sum, m.total
+	m.mu.Unlock()
+	for p := range numParts {
+		cum, n := make(map[float64]uint64, len(shareBounds)), uint64(0)
+		for i, ub := range shareBounds {
+			n += below[p][i]
+			cum[ub] = n
+		}
+		ch <- prometheus.MustNewConstHistogramWithCreatedTimestamp(m.share, count[p], sum[p], cum, m.created, partNames[p])
+		ch <- prometheus.MustNewConstMetricWithCreatedTimestamp(m.bytes, prometheus.CounterValue, total[p], m.created, partNames[p])
 	}
 }
 

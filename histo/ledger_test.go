@@ -1,6 +1,8 @@
 package histo
 
 import (
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,4 +76,68 @@ func TestLedger(t *testing.T) {
 	a, b := half(results[:3]), half(results[3:])
 	whole := half(results)
 	require.Equal(t, whole, MergeLedger(a, nil, b))
+}
+
+// TestLedgerMetricsAsVecs: the ledger's collector exports what a
+// HistogramVec and a CounterVec of the same names, help, labels and
+// buckets export for the same observations (shares on and between the
+// bounds, parts of 0 bytes), created timestamps aside.
+func TestLedgerMetricsAsVecs(t *testing.T) {
+	ref := prometheus.NewRegistry()
+	share := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "anvilproxy_prompt_share_ratio",
+		Help:    "Share of each tracked prompt's bytes in one part: system, tools, history (up to the last assistant message) or last_turn (after it).",
+		Buckets: prometheus.LinearBuckets(0.1, 0.1, 10),
+	}, []string{"part"})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "anvilproxy_prompt_bytes_total",
+		Help: "Canonical prompt bytes sent, by part: system, tools, history or last_turn.",
+	}, []string{"part"})
+	ref.MustRegister(share, bytes)
+	for p := range numParts {
+		share.WithLabelValues(partNames[p])
+		bytes.WithLabelValues(partNames[p])
+	}
+	got := prometheus.NewRegistry()
+	m, cs := newLedgerMetrics()
+	got.MustRegister(cs...)
+	for _, res := range []prefix.Result{
+		composed(0, 100, 0, 0, 900), composed(1, 100, 200, 300, 400), composed(2, 1, 1, 1, 1),
+		composed(3, 3, 0, 7, 0), composed(4, 0, 0, 0, 5), composed(5, 1, 2, 3, 4),
+	} {
+		m.observe(&res)
+		b, _ := partsOf(&res)
+		for p, n := range b {
+			share.WithLabelValues(partNames[p]).Observe(float64(n) / float64(res.PromptBytes))
+			bytes.WithLabelValues(partNames[p]).Add(float64(n))
+		}
+	}
+	require.Equal(t, exposition(t, ref), exposition(t, got))
+}
+
+// exposition is reg's families as text, created timestamps left out.
+func exposition(t *testing.T, reg *prometheus.Registry) string {
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	var b strings.Builder
+	for _, f := range fams {
+		fmt.Fprintf(&b, "%s %s %s\n", f.GetName(), f.GetType(), f.GetHelp())
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				fmt.Fprintf(&b, " %s=%s", l.GetName(), l.GetValue())
+			}
+			if c := m.GetCounter(); c != nil {
+				fmt.Fprintf(&b, " counter %v", c.GetValue())
+			}
+			if h := m.GetHistogram(); h != nil {
+				fmt.Fprintf(&b, " count %d sum %v", h.GetSampleCount(), h.GetSampleSum())
+				for _, bk := range h.GetBucket() {
+					fmt.Fprintf(&b, " le%v:%d", bk.GetUpperBound(), bk.GetCumulativeCount())
+				}
+				require.True(t, h.CreatedTimestamp.IsValid(), "a created timestamp")
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
 }

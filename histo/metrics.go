@@ -50,6 +50,7 @@ func codeLabel(status int) string {
 type metrics struct {
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
+	counted  requestCounters // requests' children, by route, model and status
 
 	phase [NumMetrics]*prometheus.HistogramVec // the phase table's labeled per-request rows
 	event [NumMetrics]prometheus.Histogram     // its per-event rows (inter-event, overhead)
@@ -149,7 +150,7 @@ func (m *metrics) phaseHistograms() []prometheus.Collector {
 // count updates the counters that every finished request feeds, whatever
 // its route and outcome.
 func (m *metrics) count(tr *proxy.Trace) {
-	m.requests.WithLabelValues(tr.Route.String(), tr.Model, codeLabel(tr.Status)).Inc()
+	m.requestCounter(tr.Route, tr.Model, tr.Status).Inc()
 	if tr.ErrKind != proxy.ErrNone {
 		m.errors.WithLabelValues(tr.ErrSide.String(), tr.ErrKind.String()).Inc()
 	}

@@ -78,18 +78,59 @@ type slotTurn struct {
 	rs      rates
 }
 
-// cacheSlot is one modelled slot: the last sequence that ran in it.
+// cacheSlot is one modelled slot: the last sequence that ran in it, less
+// its chain (slotReplay.chains), with the chain's identity: what a pick
+// reads of every slot, 48 bytes, where a chain is 264 (the replays hold
+// 242 slots).
 type cacheSlot struct {
 	used   bool
-	chain  prefix.Chain
+	depth  int32 // with hash, the chain's identity (chainID), packed beside used
+	hash   uint64
 	tokens int64
 	end    time.Time
 }
 
+// id is the identity of s's chain.
+func (s *cacheSlot) id() chainID { return chainID{s.depth, s.hash} }
+
+// chainID is a chain's identity: its depth and whole-prompt hash (a keyed
+// 64-bit hash of the canonical prompt, as the prefix tracker's trie
+// trusts it). Equal identities are the same prompt's chains, hence equal
+// marks.
+type chainID struct {
+	depth int32
+	hash  uint64
+}
+
+func idOf(ch *prefix.Chain) chainID {
+	return chainID{int32(ch.Depth), ch.Tail[prefix.ChainEnds-1].Hash}
+}
+
 // slotReplay is the engine replayed with one slot count.
 type slotReplay struct {
-	slots []cacheSlot
-	score float64 // smoothed relative error of the prefills it predicts
+	slots  []cacheSlot
+	chains []prefix.Chain // chains[k] is slot k's prompt's
+	score  float64        // smoothed relative error of the prefills it predicts
+}
+
+// newSlotReplay is a replay of n empty slots.
+func newSlotReplay(n int) slotReplay {
+	return slotReplay{slots: make([]cacheSlot, n), chains: make([]prefix.Chain, n)}
+}
+
+// put leaves a sequence of chain ch in slot k; a repeated prompt's chain
+// is not copied again.
+func (r *slotReplay) put(k int, ch *prefix.Chain, tokens int64, end time.Time) {
+	s := &r.slots[k]
+	if id := idOf(ch); !s.used || s.id() != id {
+		s.depth, s.hash, r.chains[k] = id.depth, id.hash, *ch
+	}
+	s.used, s.tokens, s.end = true, tokens, end
+}
+
+// copyFrom makes r a copy of o, reusing r's arrays.
+func (r *slotReplay) copyFrom(o *slotReplay) {
+	r.slots, r.chains = append(r.slots[:0], o.slots...), append(r.chains[:0], o.chains...)
 }
 
 // slotBounds are the slot counts the evidence allows: at least lo; exact
@@ -107,7 +148,8 @@ func boundsOf(s SlotsSection) slotBounds {
 
 // slotCache models an engine's per-slot prompt cache. It is safe for
 // concurrent use; its mutex is held for the placement of the requests a
-// Record releases (a few microseconds each: every replay), and it takes
+// Record releases (about a microsecond each with varied prompts in every
+// slot, BenchmarkSlotCache, prediction included: every replay), and it takes
 // the cost model's lock inside its own (never the other way).
 type slotCache struct {
 	mu      sync.Mutex
@@ -118,6 +160,7 @@ type slotCache struct {
 	// learned from pairs of prompts that share one (0 before any).
 	perByte float64
 	scratch slotReplay // predict's copy of a replay
+	memo    commonMemo // the common prefixes of one pick's target
 }
 
 // turnOf is tr's slotTurn: its slot start (the split's, else its arrival
@@ -185,9 +228,9 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 	i := c.choose(b)
 	r := &c.replays[i]
 	if len(r.slots) == 0 {
-		r.slots = make([]cacheSlot, cacheSlotCounts[i])
+		*r = newSlotReplay(cacheSlotCounts[i])
 	}
-	c.scratch.slots = append(c.scratch.slots[:0], r.slots...)
+	c.scratch.copyFrom(r)
 	if t.id != 0 && c.next != 0 {
 		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
 			h := &c.ring[id%reorderRing]
@@ -196,16 +239,18 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 				continue
 			}
 			if h.ran {
-				c.scratch.slots[c.scratch.pick(&h.chain, h.start)] = cacheSlot{used: true, chain: h.chain, tokens: h.tokens, end: h.end}
+				c.memo.begin()
+				c.scratch.put(c.scratch.pickWith(&h.chain, h.start, -1, &c.memo), &h.chain, h.tokens, h.end)
 			}
 		}
 	}
-	k := c.scratch.pick(&t.chain, t.start)
-	c.learnPerByte(&c.scratch.slots[k], t)
-	cached = c.cachedFrom(&c.scratch.slots[k], t)
+	c.memo.begin()
+	k := c.scratch.pickWith(&t.chain, t.start, -1, &c.memo)
+	c.learnPerByte(&c.scratch, k, t)
+	cached = c.cachedFrom(&c.scratch, k, t, &c.memo)
 	alt = cached
 	if len(c.scratch.slots) > 1 {
-		alt = c.cachedFrom(&c.scratch.slots[c.scratch.pickExcept(&t.chain, t.start, k)], t)
+		alt = c.cachedFrom(&c.scratch, c.scratch.pickWith(&t.chain, t.start, k, &c.memo), t, &c.memo)
 	}
 	return cached, alt, inFlight
 }
@@ -230,13 +275,14 @@ func (c *slotCache) place(t *slotTurn) {
 	}
 	var picked [len(cacheSlotCounts)]int
 	var cached [len(cacheSlotCounts)]int64
+	c.memo.begin() // one target for all replays: their slots hold the same recent prompts
 	for i := range c.replays {
 		r := &c.replays[i]
 		if len(r.slots) == 0 {
-			r.slots = make([]cacheSlot, cacheSlotCounts[i])
+			*r = newSlotReplay(cacheSlotCounts[i])
 		}
-		picked[i] = r.pick(&t.chain, t.start)
-		cached[i] = c.cachedFrom(&r.slots[picked[i]], t)
+		picked[i] = r.pickWith(&t.chain, t.start, -1, &c.memo)
+		cached[i] = c.cachedFrom(r, picked[i], t, &c.memo)
 	}
 	if t.score && t.tokens > 0 {
 		if rs := t.rs; rs.any {
@@ -247,7 +293,7 @@ func (c *slotCache) place(t *slotTurn) {
 		}
 	}
 	for i := range c.replays {
-		c.replays[i].slots[picked[i]] = cacheSlot{used: true, chain: t.chain, tokens: t.tokens, end: t.end}
+		c.replays[i].put(picked[i], &t.chain, t.tokens, t.end)
 	}
 }
 
@@ -301,27 +347,34 @@ func abs(x float64) float64 {
 // did by the proxy's clock, the one whose holder ended first (it is the
 // one the request waited for).
 func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
-	return r.pickExcept(ch, start, -1)
+	return r.pickWith(ch, start, -1, nil)
 }
 
-// pickExcept is pick without slot except (-1: none): where the request
-// goes when another took its slot first.
-func (r *slotReplay) pickExcept(ch *prefix.Chain, start time.Time, except int) int {
-	best, longest := -1, int64(-2)
+// pickWith is pick without slot except (-1: none), which is where the
+// request goes when another took its slot first, reading the common
+// prefixes through m (nil: none), begun for ch.
+func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *commonMemo) int {
+	best, longest, free := -1, int64(-2), start.Add(freeSlack)
+	// No slot shares more than all of ch, and the first to share that
+	// much wins: a repeated prompt stops at its slot.
+	whole := ch.Tail[prefix.ChainEnds-1].Bytes
 	for k := range r.slots {
 		s := &r.slots[k]
-		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
+		if k == except || s.used && s.end.After(free) {
 			continue
 		}
-		_, b := prefix.Common(&s.chain, ch)
-		if !s.used {
-			// Any prompt of the model shares its first tokens (BOS, the
-			// template's) with a used slot's, so ollama's count puts every
-			// used slot above an empty one (0).
-			b = -1
+		// Any prompt of the model shares its first tokens (BOS, the
+		// template's) with a used slot's, so ollama's count puts every
+		// used slot above an empty one (-1).
+		b := int64(-1)
+		if s.used {
+			_, b = m.common(s.id(), &r.chains[k], ch)
 		}
 		if b > longest {
 			best, longest = k, b
+			if b >= whole {
+				break
+			}
 		}
 	}
 	if best >= 0 {
@@ -336,24 +389,26 @@ func (r *slotReplay) pickExcept(ch *prefix.Chain, start time.Time, except int) i
 	return max(best, 0)
 }
 
-// cachedFrom is the prompt tokens of t that slot s's sequence serves: its
+// cachedFrom is the prompt tokens of t that slot k's sequence serves: its
 // whole prompt when t continues it (the engine's count can be higher by
 // the answer's tokens, which the next prompt repeats), all of t but one
 // token when t is a prefix of it (the engine leaves one to sample), else
 // t's tokens less its bytes past the common prefix at the learned tokens
 // per byte (the chat template's fixed tokens stay with the shared part),
-// never more than either prompt.
-func (c *slotCache) cachedFrom(s *cacheSlot, t *slotTurn) int64 {
+// never more than either prompt. It reads the common prefix through m
+// (nil: none), begun for t's chain.
+func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn, m *commonMemo) int64 {
+	s := &r.slots[k]
 	if !s.used || t.tokens <= 0 {
 		return 0
 	}
-	d, common := prefix.Common(&s.chain, &t.chain)
+	d, common := m.common(s.id(), &r.chains[k], &t.chain)
 	switch {
 	case d == 0:
 		return 0
 	case d == t.chain.Depth:
 		return t.tokens - 1
-	case d == s.chain.Depth && s.tokens > 0:
+	case d == int(s.depth) && s.tokens > 0:
 		return min(s.tokens, t.tokens-1)
 	}
 	tb := t.chain.Tail[prefix.ChainEnds-1].Bytes
@@ -371,14 +426,15 @@ func (c *slotCache) cachedFrom(s *cacheSlot, t *slotTurn) int64 {
 // learnPerByte follows the tokens per byte past the common prefix of s's
 // prompt and t's, smoothed, when they share one and their sizes differ
 // enough to tell.
-func (c *slotCache) learnPerByte(s *cacheSlot, t *slotTurn) {
+func (c *slotCache) learnPerByte(r *slotReplay, k int, t *slotTurn) {
+	s, sc := &r.slots[k], &r.chains[k]
 	if !s.used || s.tokens <= 0 {
 		return
 	}
-	if d, _ := prefix.Common(&s.chain, &t.chain); d == 0 {
+	if d, _ := prefix.Common(sc, &t.chain); d == 0 {
 		return
 	}
-	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - s.chain.Tail[prefix.ChainEnds-1].Bytes
+	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - sc.Tail[prefix.ChainEnds-1].Bytes
 	if db > -perByteApart && db < perByteApart {
 		return
 	}
@@ -389,5 +445,61 @@ func (c *slotCache) learnPerByte(s *cacheSlot, t *slotTurn) {
 		c.perByte = x
 	default:
 		c.perByte += (x - c.perByte) / 16
+	}
+}
+
+// commonMemo holds the common prefix bytes of one target chain with the
+// slots' chains, by the slot chain's identity (chainID), for one
+// placement: its fifteen replays hold the same recent prompts many times
+// over (242 slots in all), so each distinct prompt is compared once. An
+// entry is valid while its stamp is the memo's; begin starts a target.
+// Not safe for concurrent use: the slot cache's mutex guards it.
+type commonMemo struct {
+	stamp uint32
+	n     int // entries of this stamp
+	e     [memoSize]memoEntry
+}
+
+type memoEntry struct {
+	hash          uint64
+	depth, common int32 // the slot chain's depth; the segments shared
+	stamp         uint32
+	bytes         int64
+}
+
+// memoSize is above twice the slots of all replays, so that probing
+// stays short; past memoSize/2 entries a target is compared directly.
+const memoSize = 1024
+
+// begin starts a new target chain.
+func (m *commonMemo) begin() {
+	m.stamp++
+	m.n = 0
+	if m.stamp == 0 { // wrapped: no entry may look current
+		m.e = [memoSize]memoEntry{}
+		m.stamp = 1
+	}
+}
+
+// common is prefix.Common(s, ch), for the target ch of begin; id is s's
+// identity.
+func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) (depth int, bytes int64) {
+	if m == nil || m.n >= memoSize/2 {
+		return prefix.Common(s, ch)
+	}
+	h, d := id.hash, id.depth
+	// The hash is keyed and uniform already; the depth tells apart the
+	// empty chains (hash 0).
+	for i := (h + uint64(d)) % memoSize; ; i = (i + 1) % memoSize {
+		e := &m.e[i]
+		if e.stamp != m.stamp {
+			cd, cb := prefix.Common(s, ch)
+			*e = memoEntry{hash: h, depth: d, stamp: m.stamp, common: int32(cd), bytes: cb}
+			m.n++
+			return cd, cb
+		}
+		if e.hash == h && e.depth == d {
+			return int(e.common), e.bytes
+		}
 	}
 }

@@ -40,19 +40,19 @@ func convChain(conv uint64, k int) prefix.Chain {
 // by the proxy's clock, the one whose holder ended first.
 func TestSlotPickOllamaRule(t *testing.T) {
 	at := time.Unix(1000, 0)
-	r := slotReplay{slots: []cacheSlot{
-		{used: true, chain: convChain(1, 0), end: at},
-		{used: true, chain: convChain(2, 0), end: at},
-		{},
-	}}
+	r := newSlotReplay(3)
+	c0, c1 := convChain(1, 0), convChain(2, 0)
+	r.put(0, &c0, 0, at)
+	r.put(1, &c1, 0, at)
 	c2, c3 := convChain(2, 1), convChain(3, 0)
 	require.Equal(t, 1, r.pick(&c2, at), "its own previous turn")
 	require.Equal(t, 0, r.pick(&c3, at), "the system prompt ties: the lowest-numbered")
 	r.slots[0].end = at.Add(time.Second)
 	require.Equal(t, 1, r.pick(&c3, at), "slot 0 is still busy")
-	r.slots[1].end, r.slots[2] = at.Add(time.Second/2), cacheSlot{used: true, end: at.Add(2 * time.Second)}
+	r.slots[1].end = at.Add(time.Second / 2)
+	r.put(2, &prefix.Chain{}, 0, at.Add(2*time.Second))
 	require.Equal(t, 1, r.pick(&c3, at), "none free: the first to end")
-	empty := slotReplay{slots: make([]cacheSlot, 3)}
+	empty := newSlotReplay(3)
 	require.Equal(t, 0, empty.pick(&c3, at))
 }
 
@@ -61,18 +61,24 @@ func TestSlotPickOllamaRule(t *testing.T) {
 // it, and the shared part's at the learned tokens per byte otherwise.
 func TestSlotCacheCounts(t *testing.T) {
 	var c slotCache
-	prev := cacheSlot{used: true, chain: convChain(1, 0), tokens: 200}
+	prev, ch := newSlotReplay(2), convChain(1, 0)
+	prev.put(0, &ch, 200, time.Time{})
 	next := slotTurn{chain: convChain(1, 1), tokens: 420}
-	require.Equal(t, int64(200), c.cachedFrom(&prev, &next))
+	require.Equal(t, int64(200), c.cachedFrom(&prev, 0, &next, nil))
 	same := slotTurn{chain: convChain(1, 0), tokens: 200}
-	require.Equal(t, int64(199), c.cachedFrom(&prev, &same))
+	require.Equal(t, int64(199), c.cachedFrom(&prev, 0, &same, nil))
 	other := slotTurn{chain: convChain(2, 1), tokens: 430}
 	// No tokens per byte yet: the bytes' share (100 of 400 bytes).
-	require.Equal(t, int64(108), c.cachedFrom(&prev, &other))
-	c.learnPerByte(&prev, &next) // 220 tokens over 200 bytes
+	require.Equal(t, int64(108), c.cachedFrom(&prev, 0, &other, nil))
+	c.learnPerByte(&prev, 0, &next) // 220 tokens over 200 bytes
 	require.InDelta(t, 1.1, c.perByte, 1e-9)
-	require.Equal(t, int64(430-330), c.cachedFrom(&prev, &other))
-	require.Zero(t, c.cachedFrom(&cacheSlot{}, &other))
+	require.Equal(t, int64(430-330), c.cachedFrom(&prev, 0, &other, nil))
+	var m commonMemo
+	m.begin()
+	for range 2 { // computed, then from the memo
+		require.Equal(t, int64(430-330), c.cachedFrom(&prev, 0, &other, &m))
+	}
+	require.Zero(t, c.cachedFrom(&prev, 1, &other, nil), "an empty slot")
 }
 
 // feedSlots is Record's use of the slot cache for t: the cost model
@@ -170,4 +176,67 @@ func BenchmarkSlotCache(b *testing.B) {
 		c.predict(&t, bounds)
 		c.record(t)
 	}
+}
+
+// pickByRule is ollama's rule as TestSlotPickOllamaRule states it, over
+// every slot: the reference for pickWith's memo and early stop.
+func pickByRule(r *slotReplay, ch *prefix.Chain, start time.Time, except int) int {
+	best, longest := -1, int64(-2)
+	for k, s := range r.slots {
+		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
+			continue
+		}
+		_, b := prefix.Common(&r.chains[k], ch)
+		if !s.used {
+			b = -1
+		}
+		if b > longest {
+			best, longest = k, b
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	for k, s := range r.slots {
+		if k != except && (best < 0 || s.end.Before(r.slots[best].end)) {
+			best = k
+		}
+	}
+	return max(best, 0)
+}
+
+// TestSlotPickMemo: a pick through the memo, stopping at a slot that
+// holds the whole prompt, is the pick by the rule over every slot, for
+// slots holding repeated and distinct prompts of several conversations,
+// busy and free, and for each replay of one placement in turn (the
+// memo begun once for them all, as place does); and a memo whose stamp
+// wrapped holds no stale entry.
+func TestSlotPickMemo(t *testing.T) {
+	at := time.Unix(1000, 0)
+	var m commonMemo
+	replays := make([]slotReplay, len(cacheSlotCounts))
+	for i, n := range cacheSlotCounts {
+		replays[i] = newSlotReplay(n)
+		for k := range n - n/5 { // some left empty
+			ch := convChain(uint64((i+k)%7), (i*k)%5)
+			replays[i].put(k, &ch, 0, at.Add(time.Duration((i*31+k*17)%9-4)*time.Millisecond))
+		}
+	}
+	for conv := range uint64(8) {
+		for turn := range 6 {
+			ch := convChain(conv, turn)
+			m.begin()
+			for i := range replays {
+				for _, except := range []int{-1, 0} {
+					want := pickByRule(&replays[i], &ch, at, except)
+					require.Equal(t, want, replays[i].pickWith(&ch, at, except, nil), "replay %d, conversation %d turn %d", i, conv, turn)
+					require.Equal(t, want, replays[i].pickWith(&ch, at, except, &m), "replay %d, conversation %d turn %d, memo", i, conv, turn)
+				}
+			}
+		}
+	}
+	m.stamp = ^uint32(0)
+	m.begin()
+	require.Equal(t, uint32(1), m.stamp)
+	require.Zero(t, m.e[0].stamp)
 }

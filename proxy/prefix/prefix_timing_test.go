@@ -115,3 +115,16 @@ func BenchmarkByteLoop(b *testing.B) {
 		b.Log(sum)
 	}
 }
+
+// BenchmarkObserveSmall is the tracker's fixed cost per request: the
+// bench's 60-byte chat prompt, seen before (a repeated prompt) — what a
+// non-stream request of BenchmarkNonStream (proxy) pays.
+func BenchmarkObserveSmall(b *testing.B) {
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	tr, _ := New(Config{})
+	tr.Observe(sse.ProtocolChat, body, t0)
+	b.ReportAllocs()
+	for b.Loop() {
+		tr.Observe(sse.ProtocolChat, body, t0)
+	}
+}
