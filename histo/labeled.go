@@ -142,10 +142,11 @@ func (o *observers) observe(rq *Request, v *phaseValues) {
 
 // requestCounters caches anvilproxy_requests_total's children by route,
 // model and status code, for count: WithLabelValues checks and hashes its
-// three labels and looks the child up on every call (0.6 to 1.2% of
-// BenchmarkNonStream's CPU); a map of small keys is one hash. It holds
-// one entry per child of the vector, so it is bounded as the vector is
-// (the proxy bounds its model labels). A read takes the read lock; a new
+// three labels and looks the child up on every call (BENCHMARKS.md
+// "Session 8 (issue 25): the recording's cost"); a map of small keys is
+// one hash. Its keys are codeLabel's classes (every status without a
+// label of its own is -1), so it holds one entry per child of the vector
+// and is bounded as the vector is (the proxy bounds its model labels). A read takes the read lock; a new
 // child is added under the write lock.
 type requestCounters struct {
 	mu sync.RWMutex
@@ -163,7 +164,7 @@ type countKey struct {
 // requestCounter is the anvilproxy_requests_total child of route, model
 // and status.
 func (m *metrics) requestCounter(route proxy.Route, model string, status int) prometheus.Counter {
-	if status < 0 || status >= len(codeLabels) {
+	if codeLabel(status) == "other" {
 		status = -1
 	}
 	rc, key := &m.counted, countKey{route, status, model}

@@ -64,8 +64,8 @@ func turnBucket(turn int) int {
 // observations and four byte counts are taken under one mutex, and
 // exported at scrape as constant metrics (Collect), the same series a
 // HistogramVec and a CounterVec would export (TestLedgerMetricsAsVecs):
-// those took sixteen atomic updates per request, 0.8% of
-// BenchmarkNonStream's CPU. Safe for concurrent use.
+// those took sixteen atomic updates per request (BENCHMARKS.md "Session 8
+// (issue 25): the recording's cost"). Safe for concurrent use.
 type ledgerMetrics struct {
 	share, bytes *prometheus.Desc
 	created      time.Time

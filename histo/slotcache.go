@@ -484,7 +484,7 @@ func (m *commonMemo) begin() {
 // common is prefix.Common(s, ch), for the target ch of begin; id is s's
 // identity.
 func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) (depth int, bytes int64) {
-	if m == nil || m.n >= memoSize/2 {
+	if m == nil || m.stamp == 0 || m.n >= memoSize/2 { // stamp 0: never begun, every entry would look current
 		return prefix.Common(s, ch)
 	}
 	h, d := id.hash, id.depth

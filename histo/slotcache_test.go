@@ -235,8 +235,18 @@ func TestSlotPickMemo(t *testing.T) {
 			}
 		}
 	}
+	// An entry of stamp 1 (another target's) must not be current after the
+	// stamp wraps back to 1.
+	s, a, b := convChain(1, 4), convChain(1, 4), convChain(2, 4)
+	ad, _ := prefix.Common(&s, &a)
+	bd, _ := prefix.Common(&s, &b)
+	require.NotEqual(t, ad, bd, "the two targets must share different depths with s")
+	m = commonMemo{}
+	m.begin()
+	m.common(idOf(&s), &s, &a)
 	m.stamp = ^uint32(0)
 	m.begin()
 	require.Equal(t, uint32(1), m.stamp)
-	require.Zero(t, m.e[0].stamp)
+	got, _ := m.common(idOf(&s), &s, &b)
+	require.Equal(t, bd, got, "a stale entry survived the stamp's wrap")
 }
