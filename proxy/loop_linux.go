@@ -924,8 +924,8 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	if urc == nil || crc == nil || nextLoop() == nil {
 		return false
 	}
-	// Go's deadlines would fail the loop's RawConn calls once passed:
-	// the loop keeps its own idle bounds.
+	// The loop keeps its own idle bounds (its RawConn calls pass no
+	// deadline check): none is left to fire while it holds the socket.
 	_ = c.Conn.SetDeadline(time.Time{})
 	c.readDL.clear()
 	c.writeDL.clear()
@@ -983,8 +983,7 @@ func (s *loopStream) hijacked(hjc net.Conn) {
 		s.finish(false)
 		return
 	}
-	s.prefix = takeBuffered(hjc)
-	_ = hjc.SetDeadline(time.Time{})
+	s.prefix = takeBuffered(hjc) // which leaves no read deadline, as the head's write left none
 	nextLoop().add(s)
 }
 
