@@ -176,3 +176,73 @@ func TestWriteDeadlineNotLeftOver(t *testing.T) {
 		})
 	}
 }
+
+// deadlineCountingListener counts the write-deadline changes on the
+// connections it accepts.
+type deadlineCountingListener struct {
+	net.Listener
+	changes atomic.Int64
+}
+
+func (l *deadlineCountingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &deadlineCountingConn{Conn: c, l: l}, nil
+}
+
+type deadlineCountingConn struct {
+	net.Conn
+	l *deadlineCountingListener
+}
+
+func (c *deadlineCountingConn) SetWriteDeadline(t time.Time) error {
+	c.l.changes.Add(1)
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// TestNonStreamWriteDeadlineChanges: a non-stream request of a kept-alive
+// HTTP/1.1 client changes the client connection's write deadline twice:
+// the relay's idle deadline for the body, set through the request so that
+// fasthttp flushes the response on its own, and fasthttp's clear after the
+// flush (three before: a zero deadline set first only to ask for the
+// flush). TestInterimNeverOvertakesTheLastResponse holds the flush, and
+// TestWriteDeadlineNotLeftOver the clear.
+func TestNonStreamWriteDeadlineChanges(t *testing.T) {
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
+	})
+	p, err := New(Config{Upstream: up.URL}, zap.NewNop(), nil)
+	require.NoError(t, err)
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ln := &deadlineCountingListener{Listener: raw}
+	srv := p.Server()
+	go srv.Serve(p.Listener(ln)) //nolint:errcheck // ends at Shutdown
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	c, err := net.Dial("tcp", raw.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	br := bufio.NewReader(c)
+	get := func() {
+		_, err := io.WriteString(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+		require.NoError(t, err)
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	get() // the connection's first request: the upstream connection is dialed
+	const n = 20
+	before := ln.changes.Load()
+	for range n {
+		get()
+	}
+	// fasthttp clears the deadline after its flush, which may come after
+	// the client read the response: wait for the last clear.
+	require.Eventually(t, func() bool { return ln.changes.Load()-before >= 2*n }, 5*time.Second, time.Millisecond)
+	require.Equal(t, int64(2*n), ln.changes.Load()-before, "write-deadline changes in %d requests", n)
+}

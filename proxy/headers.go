@@ -9,7 +9,7 @@ import (
 
 // hopHeaders are removed in both directions: they describe one connection,
 // not the message (RFC 9110 §7.6.1; the same list as Go's httputil.ReverseProxy).
-var hopHeaders = []string{
+var hopHeaders = [...]string{
 	"Connection",
 	"Proxy-Connection", // non-standard, sent by old clients
 	"Keep-Alive",
@@ -31,6 +31,30 @@ func isHopHeader(k []byte) bool {
 	return false
 }
 
+// altSvcBit is hopBit's bit for Alt-Svc, which only the response loses
+// (stripResponseHops); bit i is hopHeaders[i], and allHops all of them.
+const (
+	altSvcBit = 1 << len(hopHeaders)
+	allHops   = altSvcBit - 1
+)
+
+// hopBit returns k's bit when k names one of hopHeaders or Alt-Svc, in any
+// case, else 0.
+func hopBit(k []byte) uint16 {
+	if len(k) < len("Te") || len(k) > len("Proxy-Authorization") {
+		return 0
+	}
+	for i, name := range hopHeaders {
+		if len(k) == len(name) && bytes.EqualFold(k, []byte(name)) {
+			return 1 << i
+		}
+	}
+	if bytes.EqualFold(k, []byte("Alt-Svc")) {
+		return altSvcBit
+	}
+	return 0
+}
+
 // header is what fasthttp's RequestHeader and ResponseHeader share.
 type header interface {
 	Peek(key string) []byte
@@ -39,25 +63,43 @@ type header interface {
 }
 
 // stripHops removes hop-by-hop headers, including every header the Connection
-// header names (RFC 9110 §7.6.1).
+// header names (RFC 9110 §7.6.1), by deleting every name whether it is
+// there or not: for a header whose names cannot be listed without side
+// effects (see stripRequestHops).
 func stripHops(h header) {
-	// Copy first: the Peek result aliases storage that Del rearranges.
-	var buf [256]byte
-	named := append(buf[:0], h.Peek("Connection")...)
-	for len(named) > 0 {
-		var tok []byte
-		tok, named, _ = bytes.Cut(named, []byte(","))
-		if tok = bytes.TrimSpace(tok); len(tok) > 0 {
-			delBytes(h, tok)
+	stripFound(h, allHops)
+}
+
+// stripFound deletes the hop-by-hop headers whose bits are in found, and,
+// when Connection's is, every header the Connection header names. A
+// fasthttp Del costs a normalization of its key and a scan of the headers
+// whether the name is there or not (about 50 ns each), so only the names
+// found are deleted. Deleting a name that is not there has no effect on
+// what fasthttp writes, with one exception the callers handle: a request's
+// or response's Connection: close is a flag that only Del("Connection")
+// clears, and it is counted as found.
+func stripFound(h header, found uint16) {
+	if found&1 != 0 { // Connection
+		// Copy first: the Peek result aliases storage that Del rearranges.
+		var buf [256]byte
+		named := append(buf[:0], h.Peek("Connection")...)
+		for len(named) > 0 {
+			var tok []byte
+			tok, named, _ = bytes.Cut(named, []byte(","))
+			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+				delBytes(h, tok)
+			}
 		}
 	}
-	for _, name := range hopHeaders {
-		h.Del(name)
+	for i, name := range hopHeaders {
+		if found&(1<<i) != 0 {
+			h.Del(name)
+		}
 	}
 }
 
 // delBytes deletes the header named key through the concrete type: the
-// interface call would make key, and so stripHops's stack buffer, escape
+// interface call would make key, and so stripFound's stack buffer, escape
 // (an allocation of 256 B twice per request).
 func delBytes(h header, key []byte) {
 	switch h := h.(type) {
@@ -70,11 +112,75 @@ func delBytes(h header, key []byte) {
 	}
 }
 
-// stripResponseHops also removes Alt-Svc, as Caddy does: it would point the
-// client around the proxy.
+// stripRequestHops is stripHops for the upstream request, copied from the
+// client's: it deletes only the hop-by-hop names the client sent. fasthttp
+// v1.78 has no iteration over a request's headers without side effects
+// (RequestHeader.All collects the cookies, and the Cookie header is then
+// written again as "a=1; b=2"; AllInOrder normalizes the raw headers in
+// place), so the names are read from the header block as it came off the
+// wire (RawHeaders, which CopyTo copies). Where that block cannot be read
+// with certainty (none kept, a folded line, a line without a colon) or a
+// trailer is announced (Del of a trailer name edits the trailer fields),
+// every name is deleted, as before.
+func stripRequestHops(h *fasthttp.RequestHeader) {
+	found, ok := rawHopBits(h.RawHeaders())
+	if !ok || len(h.PeekTrailerKeys()) > 0 {
+		stripHops(h)
+		return
+	}
+	if h.ConnectionClose() { // HTTP/1.0 without keep-alive, or a close
+		found |= 1
+	}
+	stripFound(h, found&^altSvcBit)
+}
+
+// rawHopBits returns the hopBits of the header names in raw, a header
+// block as it came off the wire; ok is false when raw is empty or a line
+// is not a plain "name: value".
+func rawHopBits(raw []byte) (found uint16, ok bool) {
+	if len(raw) == 0 {
+		return 0, false
+	}
+	for len(raw) > 0 {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		line = bytes.TrimSuffix(line, []byte("\r"))
+		if len(line) == 0 {
+			break // the end of the block
+		}
+		colon := bytes.IndexByte(line, ':')
+		if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
+			return 0, false
+		}
+		found |= hopBit(bytes.TrimRight(line[:colon], " \t"))
+	}
+	return found, true
+}
+
+// stripResponseHops is stripHops for the client's response, plus Alt-Svc,
+// as Caddy removes it: it would point the client around the proxy. One pass
+// over the headers (ResponseHeader.All, which has no side effects without
+// trailers, and yields Connection: close when that flag is set) finds the
+// names to delete; a response that announces trailers has every name
+// deleted, as Del of a trailer name edits the trailer fields.
 func stripResponseHops(h *fasthttp.ResponseHeader) {
-	stripHops(h)
-	h.Del("Alt-Svc")
+	if len(h.PeekTrailerKeys()) > 0 {
+		stripHops(h)
+		h.Del("Alt-Svc")
+		return
+	}
+	var found uint16
+	for k := range h.All() {
+		found |= hopBit(k)
+	}
+	stripFound(h, found)
+	if found&altSvcBit != 0 {
+		h.Del("Alt-Svc")
+	}
 }
 
 // appendForwardedFor appends the client's address to X-Forwarded-For, like

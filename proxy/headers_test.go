@@ -1,11 +1,13 @@
 package proxy
 
 import (
+	"bufio"
 	"net/http"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
 )
 
 // rawExchange sends a raw HTTP/1.1 request and returns the raw response head.
@@ -154,5 +156,63 @@ func TestRouteOf(t *testing.T) {
 	}
 	for _, tt := range tests {
 		require.Equal(t, tt.want, routeOf([]byte(tt.path)), tt.path)
+	}
+}
+
+// bufioOf reads s.
+func bufioOf(s string) *bufio.Reader { return bufio.NewReader(strings.NewReader(s)) }
+
+// TestStripOnlyFoundEqualsStripAll: deleting only the hop-by-hop names a
+// request's raw block or a response's headers hold (stripRequestHops,
+// stripResponseHops) leaves exactly the bytes that deleting every name
+// leaves (stripHops), for heads as fasthttp parses them: cookies kept as
+// sent, Connection: close and HTTP/1.0's implied close, names in any case,
+// names a Connection header lists, trailers announced, obs-fold.
+func TestStripOnlyFoundEqualsStripAll(t *testing.T) {
+	requests := []string{
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nCookie: b=2;a=1\r\nCookie: c=3\r\nConnection: keep-alive\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+		"POST / HTTP/1.0\r\nHost: h\r\n\r\n",
+		"POST / HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n",
+		"POST / HTTP/1.1\r\nhost: h\r\nconnection: Keep-Alive, x-client-hop\r\nx-client-hop: 1\r\nkeep-alive: timeout=5\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nProxy-Authorization: Basic Zm9v\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\nUpgrade: websocket\r\nAlt-Svc: kept-on-requests\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nTrailer: X-Sum, Connection\r\nX-Sum: 1\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nX-Long: a\r\n b\r\nConnection: X-Long\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: h\r\nConnection: Content-Type, Authorization\r\nContent-Type: text/plain\r\nAuthorization: x\r\n\r\n",
+		"GET / HTTP/1.1\r\n\r\n",
+	}
+	for _, raw := range requests {
+		var parsed, all, found fasthttp.RequestHeader
+		if parsed.Read(bufioOf(raw)) != nil {
+			continue // refused by fasthttp: never forwarded
+		}
+		parsed.CopyTo(&all)
+		parsed.CopyTo(&found)
+		stripHops(&all)
+		stripRequestHops(&found)
+		require.Equal(t, string(all.Header()), string(found.Header()), "request %q", raw)
+		require.Equal(t, all.ConnectionClose(), found.ConnectionClose(), "request %q", raw)
+	}
+	responses := []string{
+		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nDate: x\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5, max=100\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nconnection: x-up-hop\r\nx-up-hop: 1\r\nalt-svc: h2=\":443\"\r\nProxy-Authenticate: Basic\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nServer: e\r\nContent-Length: 0\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum, Alt-Svc\r\nX-Sum: 1\r\n\r\n",
+		"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nConnection: Content-Type, Server\r\nContent-Type: text/plain\r\nServer: e\r\nContent-Length: 0\r\n\r\n",
+	}
+	for _, raw := range responses {
+		var parsed, all, found fasthttp.ResponseHeader
+		require.NoError(t, parsed.Read(bufioOf(raw)), "response %q", raw)
+		parsed.CopyTo(&all)
+		parsed.CopyTo(&found)
+		stripHops(&all)
+		all.Del("Alt-Svc")
+		stripResponseHops(&found)
+		require.Equal(t, string(all.Header()), string(found.Header()), "response %q", raw)
+		require.Equal(t, all.ConnectionClose(), found.ConnectionClose(), "response %q", raw)
 	}
 }

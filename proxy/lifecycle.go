@@ -109,6 +109,11 @@ func (p *Proxy) finishHandler(r *relay) {
 func (r *relay) CloseWithError(err error) error {
 	r.tr.ClientDone = time.Now()
 	r.endWatch() // before the upstream connection can go back to its pool
+	// Nothing was written, so no deadline asked for the flush: ask here.
+	if r.dlCtx != nil {
+		r.serverClears = flushEachResponse(r.dlCtx)
+		r.dlCtx = nil
+	}
 	if err != nil {
 		r.fail(SideClient, ErrClientGone)
 	}
@@ -269,7 +274,7 @@ func (r *relay) reusable() bool {
 func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
-	r.conn, r.clientHeader, r.trailers, r.serverClears = nil, nil, false, false
+	r.conn, r.clientHeader, r.trailers, r.serverClears, r.dlCtx = nil, nil, false, false, nil
 	r.wdl.clear()
 	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown

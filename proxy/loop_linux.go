@@ -443,8 +443,8 @@ type loopStream struct {
 	ioN             int
 	ioErr           error
 	peek            int
-	readFn, writeFn func(uintptr) bool
-	peekFn          func(uintptr) bool
+	readFn, writeFn func(uintptr)
+	peekFn          func(uintptr)
 	ctlOp           int
 	ctlEv           syscall.EpollEvent
 	ctlErr          error
@@ -470,14 +470,19 @@ func newLoopStream() *loopStream {
 // syscall state would wake sysmon from its sleep on every call in a quiet
 // process (entersyscallWakeSysmon: a futex wake, 8% of the loop's CPU in
 // the profile of 16 streams). Neither waits in the runtime's poller.
-func (s *loopStream) doRead(fd uintptr) bool {
+//
+// They run under the RawConn's Control, not its Read and Write: the
+// descriptor is held against a Close all the same (Control fails once a
+// Close began), but without the read or write lock and the poller's
+// deadline check, which a call that never waits does not need; the loop
+// keeps its own idle timeouts (scan), and the sockets carry no deadline
+// while it holds them (toLoop, hijacked).
+func (s *loopStream) doRead(fd uintptr) {
 	s.ioN, s.ioErr = rawIO(syscall.SYS_READ, fd, s.io)
-	return true
 }
 
-func (s *loopStream) doWrite(fd uintptr) bool {
+func (s *loopStream) doWrite(fd uintptr) {
 	s.ioN, s.ioErr = rawIO(syscall.SYS_WRITE, fd, s.io)
-	return true
 }
 
 // rawIO is read(2) or write(2) of b on fd as syscall.Read and Write
@@ -491,10 +496,9 @@ func rawIO(trap, fd uintptr, b []byte) (int, error) {
 	return int(r), nil
 }
 
-func (s *loopStream) doPeek(fd uintptr) bool {
+func (s *loopStream) doPeek(fd uintptr) {
 	var b [1]byte
 	s.peek, _ = peekFD(int(fd), b[:])
-	return true
 }
 
 func (s *loopStream) doCtl(fd uintptr) {
@@ -520,7 +524,7 @@ func (s *loopStream) unregister(rc syscall.RawConn) {
 // readUp reads the upstream socket into b.
 func (s *loopStream) readUp(b []byte) (int, error) {
 	s.io = b
-	if err := s.urc.Read(s.readFn); err != nil {
+	if err := s.urc.Control(s.readFn); err != nil {
 		return 0, err
 	}
 	s.io = nil
@@ -536,7 +540,7 @@ func (s *loopStream) writeClient(b []byte) (int, error) {
 	total := 0
 	for total < len(b) {
 		s.io = b[total:]
-		if err := s.crc.Write(s.writeFn); err != nil {
+		if err := s.crc.Control(s.writeFn); err != nil {
 			s.io = nil
 			return total, err
 		}
@@ -722,7 +726,7 @@ func (s *loopStream) clientEvent(ev uint32) {
 		return
 	}
 	if ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP) != 0 {
-		_ = s.crc.Read(s.peekFn)
+		_ = s.crc.Control(s.peekFn)
 		if s.peek == peekClosed {
 			s.failClient()
 			return
@@ -920,8 +924,8 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	if urc == nil || crc == nil || nextLoop() == nil {
 		return false
 	}
-	// Go's deadlines would fail the loop's RawConn calls once passed:
-	// the loop keeps its own idle bounds.
+	// The loop keeps its own idle bounds (its RawConn calls pass no
+	// deadline check): none is left to fire while it holds the socket.
 	_ = c.Conn.SetDeadline(time.Time{})
 	c.readDL.clear()
 	c.writeDL.clear()
@@ -979,8 +983,7 @@ func (s *loopStream) hijacked(hjc net.Conn) {
 		s.finish(false)
 		return
 	}
-	s.prefix = takeBuffered(hjc)
-	_ = hjc.SetDeadline(time.Time{})
+	s.prefix = takeBuffered(hjc) // which leaves no read deadline, as the head's write left none
 	nextLoop().add(s)
 }
 

@@ -221,7 +221,15 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
-	r.serverClears = flushEachResponse(ctx)
+	// The response is flushed on its own (flushEachResponse); a body the
+	// relay writes has it done by its first write deadline instead (one
+	// deadline change less per request: relay.setWriteDeadline).
+	viaBody := false
+	defer func() {
+		if !viaBody {
+			flushEachResponse(ctx)
+		}
+	}()
 
 	if !knownVersion(ctx.Request.Header.Protocol()) {
 		p.refuse(ctx, r, refuseVersion)
@@ -329,6 +337,9 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	if size < 0 && !ctx.Request.Header.IsHTTP11() {
 		p.closeDelimited(ctx, r)
 		return
+	}
+	if ctx.Request.Header.IsHTTP11() {
+		r.dlCtx, viaBody = ctx, true
 	}
 	ctx.Response.SetBodyStream(r, size)
 }

@@ -99,7 +99,7 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) refusal {
 	} else {
 		req.URI().SetScheme("http")
 	}
-	stripHops(&req.Header)
+	stripRequestHops(&req.Header)
 	// The body is read whole before it is sent: the client had its 100
 	// Continue from fasthttp, and the engine must not send another.
 	req.Header.Del("Expect")

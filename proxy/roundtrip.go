@@ -287,10 +287,12 @@ func forwardInterim(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
 // batch it with the next one: a 1xx that forwardInterim writes for the
 // next request must not overtake it, or land inside it. fasthttp flushes
 // after a response whose handler set a write deadline (serveConn), so one
-// is set, to none; the relay's own deadlines are set on the connection.
-// Called at the start of every request of an HTTP/1.1 client. It reports
-// whether it set the deadline: fasthttp then also clears the write deadline
-// once the response is written, and the relay need not (CloseWithError).
+// is set, to none. Called for every request of an HTTP/1.1 client whose
+// response body the relay does not write (Handle), or wrote nothing of
+// (CloseWithError); a body the relay writes sets its first idle deadline
+// through the request instead (relay.setWriteDeadline). It reports whether
+// it set the deadline: fasthttp then also clears the write deadline once
+// the response is written, and the relay need not (CloseWithError).
 func flushEachResponse(ctx *fasthttp.RequestCtx) bool {
 	return ctx.Request.Header.IsHTTP11() && ctx.SetWriteDeadline(time.Time{}) == nil
 }

@@ -3,8 +3,8 @@
 package proxy
 
 import (
-	"errors"
 	"syscall"
+	"unsafe"
 )
 
 // The socket primitives below read a socket's state without waiting and
@@ -13,16 +13,22 @@ import (
 
 // peekFD looks at socket fd into b (at least one byte): peekQuiet when
 // nothing is waiting, peekClosed on EOF or an error (the peer closed or
-// reset it), otherwise peekData and how many bytes b holds.
+// reset it), otherwise peekData and how many bytes b holds. It is a raw
+// system call (as the loop's rawIO): MSG_DONTWAIT never blocks, and
+// syscall.Recvfrom's entry into the runtime's syscall state would wake
+// sysmon with a futex in a quiet process; it runs once per reused
+// upstream connection (upConn.stale).
 func peekFD(fd int, b []byte) (state, n int) {
-	n, _, err := syscall.Recvfrom(fd, b, syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+	r, _, errno := syscall.RawSyscall6(syscall.SYS_RECVFROM, uintptr(fd),
+		uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)),
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
 	switch {
-	case errors.Is(err, syscall.EAGAIN) || errors.Is(err, syscall.EINTR):
+	case errno == syscall.EAGAIN || errno == syscall.EINTR:
 		return peekQuiet, 0
-	case err != nil || n == 0:
+	case errno != 0 || r == 0:
 		return peekClosed, 0 // reset, or EOF
 	}
-	return peekData, n
+	return peekData, int(r)
 }
 
 // resetFD reports whether a reset reached socket fd after it read an EOF:

@@ -55,7 +55,12 @@ type relay struct {
 
 	capture []byte // non-stream JSON body kept to read usage, bounded
 
-	serverClears bool // fasthttp clears conn's write deadline after the response (flushEachResponse)
+	// dlCtx is the request whose response body the relay writes to an
+	// HTTP/1.1 client, until its first write deadline is set through it
+	// (setWriteDeadline); serverClears says that was done, so fasthttp
+	// flushes the response on its own and clears the deadline after it.
+	dlCtx        *fasthttp.RequestCtx
+	serverClears bool
 
 	// With --inject-usage: the stream is filtered event by event.
 	inject  bool
@@ -158,7 +163,7 @@ func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 	}
 	if r.conn != nil {
 		if dl, ok := r.wdl.next(now, r.p.cfg.ClientWriteTimeout); ok {
-			_ = r.conn.SetWriteDeadline(dl)
+			r.setWriteDeadline(dl)
 		}
 	}
 	if _, err := w.Write(b); err != nil {
@@ -166,6 +171,24 @@ func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 		return fmt.Errorf("writing client: %w", err)
 	}
 	return nil
+}
+
+// setWriteDeadline sets the client connection's write deadline. The first
+// one of an HTTP/1.1 response body goes through the request (dlCtx): a
+// deadline the handler set makes fasthttp flush the response before it
+// reads the next pipelined request, which flushEachResponse otherwise
+// asks for with a deadline change of its own, and clear the deadline after
+// the flush; the flush stays under this deadline, so a stalled client
+// cannot hold it forever.
+func (r *relay) setWriteDeadline(dl time.Time) {
+	if ctx := r.dlCtx; ctx != nil {
+		r.dlCtx = nil
+		if ctx.SetWriteDeadline(dl) == nil {
+			r.serverClears = true
+			return
+		}
+	}
+	_ = r.conn.SetWriteDeadline(dl)
 }
 
 // bodyBuffered reports whether a response body of size bytes is all in

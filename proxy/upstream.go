@@ -440,10 +440,15 @@ const (
 // idlePeek is an upstream connection's means to peek at its socket at
 // every reuse without an allocation: the RawConn and the callback are made
 // once, at the first peek, and the bytes land in b. Used by the request
-// that owns the connection.
+// that owns the connection. The peek runs under the RawConn's Control,
+// not Read: it never waits, so it needs neither the read lock nor the
+// poller's deadline check. A read deadline that passed while the
+// connection was idle (UpstreamReadTimeout under UpstreamIdleTimeout) is
+// renewed by the next read (idleDeadline.next: a renewal is due by then),
+// where Read would have taken it for a closed connection.
 type idlePeek struct {
 	rc       syscall.RawConn
-	fn       func(uintptr) bool
+	fn       func(uintptr)
 	b        [len("HTTP/1.1 408")]byte
 	state, n int
 }
@@ -465,13 +470,10 @@ func (c *upConn) peekIdle() (state, n int) {
 			return peekClosed, 0
 		}
 		pk.rc = rc
-		pk.fn = func(fd uintptr) bool {
-			pk.state, pk.n = peekFD(int(fd), pk.b[:])
-			return true // never wait
-		}
+		pk.fn = func(fd uintptr) { pk.state, pk.n = peekFD(int(fd), pk.b[:]) }
 	}
 	pk.state, pk.n = peekQuiet, 0
-	if pk.rc.Read(pk.fn) != nil {
+	if pk.rc.Control(pk.fn) != nil {
 		return peekClosed, 0
 	}
 	return pk.state, pk.n
