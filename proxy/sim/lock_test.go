@@ -176,3 +176,80 @@ func TestSharedPrefillInOrder(t *testing.T) {
 		require.Equal(t, 1402*time.Millisecond, b.Prefill, "after a's prefill computed")
 	})
 }
+
+// TestSharedPrefillInOrderAbandoned: in the in-order mode a prefill whose
+// client leaves is judged by the work it did, not by its place in line. a
+// (1,000 tokens, 1,001 ms) begins at 0, b (1,000) at 100 ms and c (500,
+// 501 ms) at 200 ms; b computes from a's end at 1,001 ms. b's client
+// leaves at 200 ms, before b computed anything: vLLM (stop) and llama.cpp
+// (batch) drop b's turn and c computes from 1,001 ms (1,302 ms prefill,
+// not the 2,303 of b's whole turn before it). Leaving at 1,101 ms, 100 ms
+// into its compute, vLLM stops b there and llama.cpp finishes b's
+// 256-token batch (257 ms) first. A prompt run-on (ollama's policy) keeps
+// b's whole turn wherever b was.
+func TestSharedPrefillInOrderAbandoned(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		engine    Engine
+		abandon   AbandonMode
+		leaveAt   time.Duration
+		abandoned time.Duration // b's run-on after its client left
+		cPrefill  time.Duration
+	}{
+		{"stop-waiting", EngineVLLM, AbandonStop, 200 * time.Millisecond, 0, 1302 * time.Millisecond},
+		{"stop-computing", EngineVLLM, AbandonStop, 1101 * time.Millisecond, 0, 1402 * time.Millisecond},
+		{"batch-waiting", EngineLlamaCpp, AbandonBatch, 200 * time.Millisecond, 0, 1302 * time.Millisecond},
+		{"batch-computing", EngineLlamaCpp, AbandonBatch, 1101 * time.Millisecond, 157 * time.Millisecond, 1559 * time.Millisecond},
+		{"prompt-waiting", EngineLlamaCpp, AbandonPrompt, 200 * time.Millisecond, 1802 * time.Millisecond, 2303 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				cfg := fast()
+				cfg.Engine = tc.engine
+				cfg.Abandon = tc.abandon
+				cfg.BatchLock = LockNone
+				cfg.BatchTokens = 256
+				cfg.Slots = 4
+				cfg.PrefillTokensPerSec = 1000
+				cfg.ContextSlowdown = -1
+				cfg.SwitchCost = -1
+				cfg.SharedPrefill = true
+				v := startVirtual(t, cfg)
+				done := make(chan struct{}, 3)
+				ctx, leave := context.WithCancel(context.Background())
+				for i, tokens := range []int{1000, 1000, 500} {
+					if i > 0 {
+						time.Sleep(100 * time.Millisecond)
+					}
+					go func() {
+						defer func() { done <- struct{}{} }()
+						c := context.Background()
+						if i == 1 {
+							c = ctx
+						}
+						id := fmt.Sprintf("turn%d", i)
+						req := mustRequest(t, c, "http://sim/v1/chat/completions", longPrompt(id, tokens, false), "X-Request-Id", id)
+						if resp, err := v.client.Do(req); err == nil {
+							resp.Body.Close()
+						}
+					}()
+					synctest.Wait()
+				}
+				time.Sleep(tc.leaveAt - 200*time.Millisecond)
+				leave()
+				for range 3 {
+					<-done
+				}
+				time.Sleep(3 * time.Second) // past b's run-on
+				synctest.Wait()
+				a, b, c := truthOf(t, v.s, "turn0"), truthOf(t, v.s, "turn1"), truthOf(t, v.s, "turn2")
+				require.Equal(t, 1001*time.Millisecond, a.Prefill)
+				require.Equal(t, OutcomeAborted, b.Outcome)
+				require.Equal(t, tc.leaveAt-100*time.Millisecond, b.Left.Sub(b.Admitted))
+				require.Equal(t, tc.abandoned, b.Abandoned)
+				require.Zero(t, c.Queue)
+				require.Equal(t, tc.cPrefill, c.Prefill)
+			})
+		})
+	}
+}

@@ -151,19 +151,25 @@ func (s *Server) prePrefill(k int, hs []uint64, res *result) time.Duration {
 	return work
 }
 
-// runOn keeps the slot of a request whose client left during prefill busy
-// until the work the engine does anyway is done (Config.Abandon), and
-// records what the slot holds then. scale is how much slower than alone
-// its prefill runs (SharedPrefill: its shared time over its solo time; 1
-// alone): the run-on shares the engine as the prefill did, so its work,
-// judged in solo time, takes scale times as long. ctx is done; the wait
-// is not cancellable, as the engine's is not.
-func (s *Server) runOn(j *job, res *result, k int, prefillStart time.Time, scale float64) {
-	res.left = time.Now()
-	elapsed := time.Duration(float64(max(0, res.left.Sub(prefillStart))) / scale)
+// runOn keeps the slot of a request whose client left at left during its
+// prefill busy until the work the engine does anyway is done
+// (Config.Abandon), and records what the slot holds then. scale is how
+// much slower than alone its prefill runs (SharedPrefill under the lock:
+// its shared time over its solo time; 1 alone): the run-on shares the
+// engine as the prefill did, so its work, judged in solo time, takes scale
+// times as long. ctx is done; the wait is not cancellable, as the
+// engine's is not.
+func (s *Server) runOn(j *job, res *result, k int, left, prefillStart time.Time, scale float64) {
+	res.left = left
+	elapsed := time.Duration(float64(max(0, left.Sub(prefillStart))) / scale)
 	until, done := s.abandonedUntil(j, res, elapsed)
-	until = time.Duration(float64(until) * scale)
-	if d := time.Until(prefillStart.Add(until)); d > 0 {
+	s.runOnUntil(j, res, k, prefillStart.Add(time.Duration(float64(until)*scale)), done)
+}
+
+// runOnUntil keeps slot k busy for nobody until release, then records
+// the done new tokens as what the slot holds. res.left is set.
+func (s *Server) runOnUntil(j *job, res *result, k int, release time.Time, done int) {
+	if d := time.Until(release); d > 0 {
 		time.Sleep(d)
 	}
 	res.abandoned = time.Since(res.left)
@@ -182,35 +188,35 @@ func (s *Server) prefill(ctx context.Context, timer *time.Timer, j *job, res *re
 	fresh := res.promptTokens - res.cachedTokens
 	defer s.unlockPrefill(res) // an abandoned prefill holds the lock while it runs on
 	solo := s.prefillTime(j, res, fresh)
-	d := solo
 	if s.cfg.SharedPrefill && s.cfg.BatchLock != LockPrefill {
-		// In the order they began: after the prefills before it.
-		s.mu.Lock()
-		from := start
-		if s.computeFree.After(from) {
-			from = s.computeFree
-		}
-		s.computeFree = from.Add(solo)
-		s.mu.Unlock()
-		d = s.computeFree.Sub(start)
+		return s.prefillInOrder(ctx, timer, j, res, k, start, solo)
 	}
-	if g := res.group; g != nil {
+	d, g := solo, res.group
+	shared := false
+	if g != nil {
 		s.mu.Lock()
 		g.add(d)
 		s.mu.Unlock()
 		select {
 		case <-g.done: // the others register as they start, microseconds apart
-			d = g.shared(d)
-		case <-ctx.Done(): // the sleep below ends at once; the run-on is then alone
+			d, shared = g.shared(d), true
+		case <-ctx.Done(): // the sleep below ends at once
 		}
 	}
 	if sleepUntil(ctx, timer, start.Add(d)) != nil {
 		err := s.abort(j, res, PhasePrefill)
+		left := time.Now()
+		if g != nil && !shared {
+			// The others count its whole prefill in their shares: it runs
+			// on in their batches, at the shared speed.
+			<-g.done
+			d = g.shared(d)
+		}
 		scale := 1.0
 		if solo > 0 {
 			scale = max(1, float64(d)/float64(solo))
 		}
-		s.runOn(j, res, k, start, scale)
+		s.runOn(j, res, k, left, start, scale)
 		return err
 	}
 	return nil

@@ -412,13 +412,14 @@ type Server struct {
 	// prefilling counts the prefills holding the engine's lock
 	// (LockPrefill).
 	prefilling int
-	// computeFree is when the prefills begun so far will have computed
-	// (SharedPrefill without the lock): the next one computes from then.
-	computeFree time.Time
-	stats       Stats
-	truths      *truths
-	counters    engineCounters
-	kvUsed      int // KV tokens reserved by the requests holding slots
+	// computing is the compute turns of the prefills in progress, in the
+	// order they began (SharedPrefill without the lock): a new one
+	// computes after the last.
+	computing []*reservation
+	stats     Stats
+	truths    *truths
+	counters  engineCounters
+	kvUsed    int // KV tokens reserved by the requests holding slots
 
 	metrics http.Handler    // GET /metrics in Config.Metrics form
 	hists   *vllmHistograms // nil unless MetricsVLLM; safe for concurrent use
