@@ -253,3 +253,41 @@ func TestSharedPrefillInOrderAbandoned(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedPrefillGroupLeftEarly: a member of a group that shares the
+// engine (SharedPrefill under the lock) whose client is gone before the
+// group's last member registered runs on at the group's shared speed, as
+// the others count its whole prefill in their shares. b (500 tokens, 501
+// ms alone) is gone as its prefill starts; a (300, 301 ms) registers just
+// after; ollama prefills b's whole prompt for nobody in their shared
+// batches: 802 ms, what a's share counts, not b's 501 ms alone.
+func TestSharedPrefillGroupLeftEarly(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := fast()
+		cfg.Engine = EngineOllama
+		cfg.Slots = 4
+		cfg.PrefillTokensPerSec = 1000
+		cfg.ContextSlowdown = -1
+		cfg.SharedPrefill = true
+		s, err := New(cfg)
+		require.NoError(t, err)
+		g := &prefillGroup{members: 2, done: make(chan struct{})}
+		j := &job{id: "b", promptTokens: 500, knobs: knobs{prefill: -1}}
+		res := &result{slot: 0, promptTokens: 500, group: g}
+		ctx, leave := context.WithCancel(context.Background())
+		leave()
+		start := time.Now()
+		errc := make(chan error, 1)
+		timer := time.NewTimer(time.Hour)
+		defer timer.Stop()
+		go func() { errc <- s.prefill(ctx, timer, j, res, 0, start) }()
+		synctest.Wait() // b registered and saw its client gone
+		s.mu.Lock()
+		g.add(s.prefillTime(j, &result{promptTokens: 300}, 300)) // a
+		s.mu.Unlock()
+		require.ErrorIs(t, <-errc, errClientGone)
+		require.Equal(t, start, res.left)
+		require.Equal(t, 602*time.Millisecond, g.shared(301*time.Millisecond), "a counts b's share")
+		require.Equal(t, 802*time.Millisecond, res.abandoned, "b runs on at the shared speed")
+	})
+}
