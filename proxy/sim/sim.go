@@ -233,13 +233,18 @@ type Config struct {
 	// (P=4, three requests sharing: 320 ms each where one alone took
 	// 121 ms): each of a group granted together takes Σ min(w, its w)
 	// over the group's solo prefill times w (processor sharing) instead of
-	// its own. Without the lock (BatchLock LockNone) it makes the
-	// prefills in progress share the engine's compute in the order they
-	// began, as llama.cpp fills each batch from its slots in order and
-	// vLLM's chunked prefill schedules the running requests' chunks first:
-	// a request has its slot at once (no queue) and its prefill computes
-	// once the prefills begun before it have. Off, each runs at its own
-	// speed.
+	// its own. Without the lock (BatchLock LockNone) the prefills in
+	// progress compute one after another in the order they began: a
+	// request has its slot at once (no queue) and its prefill computes, at
+	// its own speed, once those begun before it have. That approximates
+	// llama.cpp and vLLM, which also give the tokens a batch has left
+	// after the earlier prompt (llama.cpp's n_batch, vLLM's chunked-prefill
+	// budget) to the next ones, so a short prompt behind another's last
+	// batch starts, and may end, in it; the sim is exact when the earlier
+	// prompt's remainder fills the batch. A prefill whose client left
+	// keeps only the work it did under AbandonStop and AbandonBatch (none
+	// while it waited its turn) and the later ones move up. Off, each runs
+	// at its own speed.
 	SharedPrefill bool
 	// BatchTokens is the prefill batch of AbandonBatch, llama.cpp's
 	// n_batch. 0 means 2048.
