@@ -148,8 +148,15 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 // batch's end and 436 ms in all against 140 alone, three waiters starting
 // at that batch's end; two 750–850-token prefills begun together and
 // done within their summed estimates, the two requests that came with
-// them starting at their end). Without every member's estimate the group
-// is not judged. The caller holds o.mu.
+// them starting at their end). A prefill that ended more than endTolerance
+// after the i-th is no member though its start is within the window: it
+// is a waiter not yet moved from its arrival (members share every batch
+// till the shorter one's end, the pair above 1 ms apart; a longer member
+// that ran on alone is judged as the holder in its own turn), and counting it
+// made a joined group look solo or put its first batch's end a member's
+// batch late (loaded ollama P=4: TestJoinedFirstBatch "waiter in the start
+// window"). Without every member's estimate the group is not judged. The
+// caller holds o.mu.
 func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	s0, f, pb := o.pre[0][i], o.pre[1][i], o.pre[3][i]
 	if pb <= 0 || start0-s0 >= int64(slotsOrderWindow) || s0-start0 >= int64(slotsOrderWindow) {
@@ -159,6 +166,9 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	for k := range o.nPre {
 		if d := o.pre[0][k] - s0; d <= -int64(slotsOrderWindow) || d >= int64(slotsOrderWindow) {
 			continue
+		}
+		if o.pre[1][k] > f+int64(endTolerance) {
+			continue // ended after the holder: a waiter that joined it, not one that began with it
 		}
 		pt, kb := o.pre[2][k], o.pre[3][k]
 		if pt <= 0 {

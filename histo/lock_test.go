@@ -33,7 +33,16 @@ func TestJoinedFirstBatch(t *testing.T) {
 		{"co-held pair slowed", []pre{{639, 1700, 155, 105}, {640, 1701, 175, 105}}, 639, true, 849},
 		{"one batch", []pre{{591, 1027, 140, 0}}, 590, false, 0},
 		{"slot free later", []pre{{591, 1027, 140, 102}}, 620, false, 0},
-		{"member without estimate", []pre{{591, 1027, 140, 102}, {592, 1100, 0, 0}}, 590, false, 0},
+		{"member without estimate", []pre{{591, 1027, 140, 102}, {592, 1026, 0, 0}}, 590, false, 0},
+		// A waiter placed at its arrival, with the holder's start, whose
+		// prefill ended after the holder's did not begin with it: it is no
+		// member, and neither its estimate nor its first batch is the
+		// group's (loaded ollama P=4 hint 4, run 12: a 762-token holder
+		// and a waiter, both placed at 715 ms; with the waiter a member
+		// the pair looked solo, 551 ms against 413, and the third waiter
+		// was placed at the holder's end, 1266 ms, where the engine gave
+		// its slot at 860).
+		{"waiter in the start window", []pre{{715, 1266, 214, 146}, {715, 1584, 199, 146}}, 715, true, 861},
 	}
 	for _, c := range cases {
 		var o occupancy
