@@ -76,3 +76,30 @@ func TestLockEndJudgedPerStep(t *testing.T) {
 	require.Equal(t, ms(100), end, "start under the lock %.0f ms", float64(end)/1e6)
 	require.True(t, solo)
 }
+
+// TestLockEndLastBatchJoin: a one-batch request whose first output came
+// with its holder's (0.3 ms before it) joined it at its first batch's end
+// and was done in its last batch; before, a prefill that ended so close to
+// e's first output was taken for one e shared from its start, and e stayed
+// at its arrival (loaded ollama P=4 hint 4, run 3: request 7, 516 tokens,
+// holder 563, the engine's slot 94 ms into the holder's prefill; placed at
+// its first batch's end, 100.8 ms). A two-batch request with the same
+// first output gives the same outputs had it shared from the start, and
+// stays.
+func TestLockEndLastBatchJoin(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	for _, c := range []struct {
+		name string
+		pb   float64
+		want float64
+	}{{"one batch", 0, 100.8}, {"two batches", 90, 0}} {
+		var o occupancy
+		o.pre[0][0], o.pre[1][0], o.pre[2][0], o.pre[3][0] = 0, ms(364.3), ms(108), ms(100.8)
+		o.nPre = 1
+		point := 98800 * time.Microsecond
+		e := occEntry{arrive: 0, first: ms(364), pb: ms(c.pb)}
+		least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
+		end, _ := o.lockEnd(e, e.arrive, least, point)
+		require.Equal(t, ms(c.want), end, "%s: start under the lock %.1f ms", c.name, float64(end)/1e6)
+	}
+}
