@@ -231,11 +231,7 @@ func soloPrefill(s0, f, pt int64) bool {
 func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head int64) (q time.Duration, lstart int64) {
 	point := pr.point
 	start := e.arrive + int64(queue)
-	// A prefill that ended less than half e's own prefill estimate (less
-	// the slack) before e's first output was not waited for: requests that
-	// shared their batches have their first outputs within milliseconds of
-	// each other.
-	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
+	least := leastWait(point)
 	end, solo := o.lockEnd(e, start, least, point)
 	v := lockVote(o, e, start, end, solo, point, pr.est, pr.haveEst)
 	other := !lockable(head, end, pr.reported)
@@ -247,6 +243,15 @@ func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
+}
+
+// leastWait is how long before the first output of a request of prefill
+// estimate point a prefill it waited for ended at least: one that ended
+// less than half its estimate (less the slack) before was not waited for,
+// as requests that shared their batches have their first outputs within
+// milliseconds of each other.
+func leastWait(point time.Duration) int64 {
+	return max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
 }
 
 // lockable reports whether a request whose start under a batch lock is
@@ -275,6 +280,8 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 	gap, from := e.first-end, e.first-start
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
+		return lockHeld
+	case end > start && o.joinedLast(e, end, point):
 		return lockHeld
 	case end > start && point > 0 && solo && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
 		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
@@ -309,6 +316,18 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 		return lockFree // too soon after that prefill's end to have begun at it
 	}
 	return lockNone
+}
+
+// joinedLast reports whether end is a first-batch join of a prefill in
+// whose last batch e was done (lastBatchJoin). The caller holds o.mu.
+func (o *occupancy) joinedLast(e occEntry, end int64, point time.Duration) bool {
+	least := leastWait(point)
+	for i := range o.nPre {
+		if o.joins[i] == end && lastBatchJoin(e, o.pre[1][i], end, least, point) {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedStart reports whether a request prefilling during e's wait took
