@@ -281,7 +281,11 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
 		return lockHeld
-	case end > start && o.joinedLast(e, end, point):
+	case end > start && o.joinedAt(end):
+		// It took its slot at a first batch's end of a group that ran
+		// past its solo time: its prefill from there, shared, fits no
+		// estimate, but the join is the lock's (a fresh proxy's first
+		// burst split such requests as unqueued).
 		return lockHeld
 	case end > start && point > 0 && solo && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
 		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
@@ -318,12 +322,11 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 	return lockNone
 }
 
-// joinedLast reports whether end is a first-batch join of a prefill in
-// whose last batch e was done (lastBatchJoin). The caller holds o.mu.
-func (o *occupancy) joinedLast(e occEntry, end int64, point time.Duration) bool {
-	least := leastWait(point)
+// joinedAt reports whether end is a first-batch join (joinedFirstBatch)
+// of a prefill e was placed at. The caller holds o.mu.
+func (o *occupancy) joinedAt(end int64) bool {
 	for i := range o.nPre {
-		if o.joins[i] == end && lastBatchJoin(e, o.pre[1][i], end, least, point) {
+		if o.joins[i] == end {
 			return true
 		}
 	}

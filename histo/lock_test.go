@@ -110,3 +110,20 @@ func TestLockEndLastBatchJoin(t *testing.T) {
 		require.Equal(t, want, lockVote(&o, e, e.arrive, end, solo, point, 0, false), c.name)
 	}
 }
+
+// TestJoinIsHeldVote: a request placed at the first batch's end of a
+// slowed holder (joinedFirstBatch) votes "held" though its prefill from
+// there, shared with the holder's second batch, fits no estimate: before,
+// it voted none, and a fresh proxy that had not learned the lock split it
+// as unqueued (quiet ollama P=2 hint run 3, request 12: −163 ms of 841).
+func TestJoinIsHeldVote(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	var o occupancy
+	o.pre[0][0], o.pre[1][0], o.pre[2][0], o.pre[3][0] = ms(591), ms(1027), ms(140), ms(102)
+	o.nPre = 1
+	point := 100 * time.Millisecond
+	e := occEntry{arrive: ms(590), first: ms(1300)}
+	end, solo := o.lockEnd(e, e.arrive, leastWait(point), point)
+	require.Equal(t, ms(693), end, "start under the lock %.1f ms", float64(end)/1e6)
+	require.Equal(t, lockHeld, lockVote(&o, e, e.arrive, end, solo, point, 0, false))
+}
