@@ -85,7 +85,8 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // waited for it; or, when the group that prefill
 // began with was slowed by a joiner, e joined at its first batch's end:
 // joinedFirstBatch). Only prefills that ended at
-// least least before e's first output are waited for. solo reports
+// least least before e's first output are waited for or joined, but for
+// a one-batch joiner done in the holder's last batch (lastBatchJoin). solo reports
 // whether every prefill it waited for ran alone (soloPrefill). point is
 // e's prefill estimate (0: none). It reads the entries the last scan
 // collected. The caller holds o.mu.
@@ -101,16 +102,16 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 		moved := false
 		for i := range o.nPre {
 			s0, f, pt := o.pre[0][i], o.pre[1][i], o.pre[2][i]
-			if start >= f || f >= e.first-least {
-				continue
-			}
-			alone := soloPrefill(s0, f, pt)
 			if b := o.joins[i]; b > 0 {
-				if start < b {
+				if start < b && (f < e.first-least || lastBatchJoin(e, f, b, least, point)) {
 					start, moved, solo = b, true, false
 				}
 				continue
 			}
+			if start >= f || f >= e.first-least {
+				continue
+			}
+			alone := soloPrefill(s0, f, pt)
 			// slow: e's prefill from start as it stands at this step is
 			// too long for e alone, or fits its estimate better from f.
 			// Judged once from the first start, a second prefill begun at
@@ -148,8 +149,15 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 // batch's end and 436 ms in all against 140 alone, three waiters starting
 // at that batch's end; two 750–850-token prefills begun together and
 // done within their summed estimates, the two requests that came with
-// them starting at their end). Without every member's estimate the group
-// is not judged. The caller holds o.mu.
+// them starting at their end). A prefill that ended more than endTolerance
+// after the i-th is no member though its start is within the window: it
+// is a waiter not yet moved from its arrival (members share every batch
+// till the shorter one's end, the pair above 1 ms apart; a longer member
+// that ran on alone is judged as the holder in its own turn), and counting it
+// made a joined group look solo or put its first batch's end a member's
+// batch late (loaded ollama P=4: TestJoinedFirstBatch "waiter in the start
+// window"). Without every member's estimate the group is not judged. The
+// caller holds o.mu.
 func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	s0, f, pb := o.pre[0][i], o.pre[1][i], o.pre[3][i]
 	if pb <= 0 || start0-s0 >= int64(slotsOrderWindow) || s0-start0 >= int64(slotsOrderWindow) {
@@ -159,6 +167,9 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	for k := range o.nPre {
 		if d := o.pre[0][k] - s0; d <= -int64(slotsOrderWindow) || d >= int64(slotsOrderWindow) {
 			continue
+		}
+		if o.pre[1][k] > f+int64(endTolerance) {
+			continue // ended after the holder: a waiter that joined it, not one that began with it
 		}
 		pt, kb := o.pre[2][k], o.pre[3][k]
 		if pt <= 0 {
@@ -172,6 +183,21 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	}
 	end := s0 + batch
 	return end, end < f && !soloPrefill(s0, f, sum)
+}
+
+// lastBatchJoin reports whether e, whose first output came with the
+// holder's, f, joined it at its first batch's end b, though a prefill that
+// ended so close to e's first output was not waited for: a prompt of one
+// batch (e.pb 0) that joined at b is done in the holder's last batch, its
+// first output with the holder's (loaded ollama P=4 hint 4, run 3: a
+// 516-token joiner 0.3 ms before its 563-token holder), where one that
+// began with the holder is done in the first batch, before the holder's
+// end. A prompt of two batches gives the same first outputs either way
+// (docs/queue-split.md "The batch lock"), so it is not judged; nor is a b
+// that leaves e less than least for its prefill.
+func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
+	together := f-e.first <= int64(endTolerance) && e.first-f <= int64(endTolerance)
+	return together && e.pb == 0 && point > 0 && b < e.first-least
 }
 
 // soloPrefill reports whether a prefill from s0 to f, pt its point
@@ -205,11 +231,7 @@ func soloPrefill(s0, f, pt int64) bool {
 func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head int64) (q time.Duration, lstart int64) {
 	point := pr.point
 	start := e.arrive + int64(queue)
-	// A prefill that ended less than half e's own prefill estimate (less
-	// the slack) before e's first output was not waited for: requests that
-	// shared their batches have their first outputs within milliseconds of
-	// each other.
-	least := max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
+	least := leastWait(point)
 	end, solo := o.lockEnd(e, start, least, point)
 	v := lockVote(o, e, start, end, solo, point, pr.est, pr.haveEst)
 	other := !lockable(head, end, pr.reported)
@@ -221,6 +243,15 @@ func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
+}
+
+// leastWait is how long before the first output of a request of prefill
+// estimate point a prefill it waited for ended at least: one that ended
+// less than half its estimate (less the slack) before was not waited for,
+// as requests that shared their batches have their first outputs within
+// milliseconds of each other.
+func leastWait(point time.Duration) int64 {
+	return max(int64(pointLow*float64(point))-int64(pointSlack), int64(endTolerance))
 }
 
 // lockable reports whether a request whose start under a batch lock is
@@ -249,6 +280,12 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 	gap, from := e.first-end, e.first-start
 	switch {
 	case end > start && point > 0 && pointFits(gap, from, point):
+		return lockHeld
+	case end > start && o.joinedAt(end):
+		// It took its slot at a first batch's end of a group that ran
+		// past its solo time: its prefill from there, shared, fits no
+		// estimate, but the join is the lock's (a fresh proxy's first
+		// burst split such requests as unqueued).
 		return lockHeld
 	case end > start && point > 0 && solo && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
 		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
@@ -283,6 +320,17 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 		return lockFree // too soon after that prefill's end to have begun at it
 	}
 	return lockNone
+}
+
+// joinedAt reports whether end is a first-batch join (joinedFirstBatch)
+// of a prefill e was placed at. The caller holds o.mu.
+func (o *occupancy) joinedAt(end int64) bool {
+	for i := range o.nPre {
+		if o.joins[i] == end {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedStart reports whether a request prefilling during e's wait took

@@ -33,7 +33,16 @@ func TestJoinedFirstBatch(t *testing.T) {
 		{"co-held pair slowed", []pre{{639, 1700, 155, 105}, {640, 1701, 175, 105}}, 639, true, 849},
 		{"one batch", []pre{{591, 1027, 140, 0}}, 590, false, 0},
 		{"slot free later", []pre{{591, 1027, 140, 102}}, 620, false, 0},
-		{"member without estimate", []pre{{591, 1027, 140, 102}, {592, 1100, 0, 0}}, 590, false, 0},
+		{"member without estimate", []pre{{591, 1027, 140, 102}, {592, 1026, 0, 0}}, 590, false, 0},
+		// A waiter placed at its arrival, with the holder's start, whose
+		// prefill ended after the holder's did not begin with it: it is no
+		// member, and neither its estimate nor its first batch is the
+		// group's (loaded ollama P=4 hint 4, run 12: a 762-token holder
+		// and a waiter, both placed at 715 ms; with the waiter a member
+		// the pair looked solo, 551 ms against 413, and the third waiter
+		// was placed at the holder's end, 1266 ms, where the engine gave
+		// its slot at 860).
+		{"waiter in the start window", []pre{{715, 1266, 214, 146}, {715, 1584, 199, 146}}, 715, true, 861},
 	}
 	for _, c := range cases {
 		var o occupancy
@@ -66,4 +75,55 @@ func TestLockEndJudgedPerStep(t *testing.T) {
 	end, solo := o.lockEnd(e, e.arrive, ms(5), 130*time.Millisecond)
 	require.Equal(t, ms(100), end, "start under the lock %.0f ms", float64(end)/1e6)
 	require.True(t, solo)
+}
+
+// TestLockEndLastBatchJoin: a one-batch request whose first output came
+// with its holder's (0.3 ms before it) joined it at its first batch's end
+// and was done in its last batch; before, a prefill that ended so close to
+// e's first output was taken for one e shared from its start, and e stayed
+// at its arrival (loaded ollama P=4 hint 4, run 3: request 7, 516 tokens,
+// holder 563, the engine's slot 94 ms into the holder's prefill; placed at
+// its first batch's end, 100.8 ms). A two-batch request with the same
+// first output gives the same outputs had it shared from the start, and
+// stays, without a vote.
+func TestLockEndLastBatchJoin(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	for _, c := range []struct {
+		name string
+		pb   float64
+		want float64
+	}{{"one batch", 0, 100.8}, {"two batches", 90, 0}} {
+		var o occupancy
+		o.pre[0][0], o.pre[1][0], o.pre[2][0], o.pre[3][0] = 0, ms(364.3), ms(108), ms(100.8)
+		o.nPre = 1
+		point := 98800 * time.Microsecond
+		e := occEntry{arrive: 0, first: ms(364), pb: ms(c.pb)}
+		end, solo := o.lockEnd(e, e.arrive, leastWait(point), point)
+		require.Equal(t, ms(c.want), end, "%s: start under the lock %.1f ms", c.name, float64(end)/1e6)
+		// Its prefill from the join, shared, fits no estimate: the join
+		// itself is its "held" vote (a fresh proxy's first burst has no
+		// other, and split it as unqueued).
+		want := lockNone
+		if c.want > 0 {
+			want = lockHeld
+		}
+		require.Equal(t, want, lockVote(&o, e, e.arrive, end, solo, point, 0, false), c.name)
+	}
+}
+
+// TestJoinIsHeldVote: a request placed at the first batch's end of a
+// slowed holder (joinedFirstBatch) votes "held" though its prefill from
+// there, shared with the holder's second batch, fits no estimate: before,
+// it voted none, and a fresh proxy that had not learned the lock split it
+// as unqueued (quiet ollama P=2 hint run 3, request 12: −163 ms of 841).
+func TestJoinIsHeldVote(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	var o occupancy
+	o.pre[0][0], o.pre[1][0], o.pre[2][0], o.pre[3][0] = ms(591), ms(1027), ms(140), ms(102)
+	o.nPre = 1
+	point := 100 * time.Millisecond
+	e := occEntry{arrive: ms(590), first: ms(1300)}
+	end, solo := o.lockEnd(e, e.arrive, leastWait(point), point)
+	require.Equal(t, ms(693), end, "start under the lock %.1f ms", float64(end)/1e6)
+	require.Equal(t, lockHeld, lockVote(&o, e, e.arrive, end, solo, point, 0, false))
 }
