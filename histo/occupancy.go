@@ -121,8 +121,12 @@ type occEntry struct {
 	pb int64
 	// soft says end is not a stamp but the cost model's estimate of when
 	// the engine finished a prefill whose client left (abandonedStart):
-	// the request that waited for it knows better (softEnd).
+	// the request that waited for it knows better (softEnd). held is
+	// then the stamp of the client's leaving: the engine was still
+	// prefilling it (no first output had come), so it never let the slot
+	// go before held.
 	soft bool
+	held int64
 }
 
 // placement is where a request stood on the engine's timeline.
@@ -165,6 +169,7 @@ type occupancy struct {
 	n      int
 	ends   [occMaxAhead]int64 // scratch: ends of the requests ahead
 	softs  [softMax]int       // scratch: the indices in ends of soft ends (occEntry.soft), in scan order
+	helds  [softMax]int64     // scratch: their occEntry.held
 	nSoft  int
 	runs   [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
 	nRuns  int
@@ -294,9 +299,17 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		if complete && abandoned > 0 {
 			sortEnds(ends)
 			// Begun before its client left, it held the slot for its
-			// prefill; still queued then, it left the queue.
-			if start := o.abandonedStart(e, ends, n); start < e.end && start+int64(abandoned) > e.end {
-				e.end, e.soft = start+int64(abandoned), true
+			// prefill, past the leaving (no first output had come), by
+			// what the estimate says is left of it, or by what the
+			// request after it says (softEnd): under load the estimate
+			// may end before the client left (a 2,000-token prefill of
+			// 2,249 ms on ollama estimated 362 ms, left at 600 ms), and
+			// the leaving, taken for the end, gave the next request
+			// 1.3 ms of queue for 1,659. Still queued then, it left the
+			// queue.
+			if start := o.abandonedStart(e, ends, n); start < e.end {
+				e.held = e.end
+				e.end, e.soft = max(e.end, start+int64(abandoned)), true
 			}
 			e.pend = e.end // the engine prefilled on until it let the slot go
 		}
@@ -372,7 +385,8 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 // softEnd moves the soft ends among ends (abandoned prefills, as the cost
 // model predicted them) to when e's first output less the point estimate
 // of its own prefill says the engine let that slot go, within e's arrival
-// and first output. The abandoned prompt is the longer, often longer than
+// and first output, and never before that prefill's client left (the
+// engine was prefilling it then). The abandoned prompt is the longer, often longer than
 // any the model learned from (an extrapolation, where a context cost the
 // fit left out weighs most), e's own the one whose new tokens are known:
 // on ollama a 2,000-token abandoned prefill ran 4 × past the model's
@@ -386,8 +400,8 @@ func (o *occupancy) softEnd(e occEntry, ends []int64, point time.Duration) int64
 		return -1
 	}
 	v := min(max(e.first-int64(point), e.arrive), e.first)
-	for _, i := range o.softs[:o.nSoft] {
-		ends[i] = v
+	for k, i := range o.softs[:o.nSoft] {
+		ends[i] = max(v, o.helds[k]) // not before its client left: it was prefilling then
 	}
 	return v
 }
@@ -645,7 +659,7 @@ func (o *occupancy) scan(e occEntry, until int64) (m, mAdmit int, complete bool)
 			}
 			o.ends[m] = x.end
 			if x.soft && o.nSoft < softMax {
-				o.softs[o.nSoft] = m
+				o.softs[o.nSoft], o.helds[o.nSoft] = m, x.held
 				o.nSoft++
 			}
 			m++
@@ -685,7 +699,7 @@ func (o *occupancy) overlap(x, e *occEntry) {
 // order, so the first output tells the order; with more slots a shorter
 // prefill can overtake, and the proxy's send order is the better guess).
 func ahead(x, e *occEntry, oneSlot bool) bool {
-	if x.end <= e.arrive {
+	if x.end <= e.arrive && !x.outran() {
 		return false
 	}
 	w := int64(slotsOrderWindow)
@@ -702,6 +716,14 @@ func ahead(x, e *occEntry, oneSlot bool) bool {
 	}
 	return x.arrive < e.arrive
 }
+
+// outran reports whether x is an abandoned prefill that outran its
+// estimate: the estimate ended before the client left, while the engine
+// was still prefilling (no first output had come). Its end is then only a
+// lower bound, and it may still have held the slot when a request that
+// arrived after its client left did: that request's own prefill tells
+// (softEnd). The scan reaches it only within occSettle of its leaving.
+func (x *occEntry) outran() bool { return x.soft && x.end == x.held }
 
 // push adds e to the timeline. The caller holds o.mu.
 func (o *occupancy) push(e occEntry) {

@@ -313,6 +313,51 @@ func TestOccupancyAbandonedPrefillMisjudged(t *testing.T) {
 	}
 }
 
+// TestOccupancyAbandonedPrefillOutranEstimate: the cost model's estimate
+// of the abandoned prefill (400 ms) ended before its client left (600 ms),
+// the engine prefilling on to 2,000 ms, as ollama did under load in the
+// real-engine suite (estimated 362 ms, left at 600, prefilled 2,249: the
+// leaving, taken for the end, gave the next request 1.3 ms of queue for a
+// true 1,659). The engine was still prefilling when the client left, so
+// the next request's own prefill tells when the slot came free, whether it
+// was admitted just before the leaving was stamped or just after; when the
+// engine had finished at the leaving, it tells that too.
+func TestOccupancyAbandonedPrefillOutranEstimate(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		arrive, first, want float64 // the next request; want: its queue
+	}{
+		{"admitted before the leaving was stamped", 10599, 12100, 1401},
+		{"admitted after it", 10601, 12100, 1399},
+		{"the engine had finished at the leaving", 10601, 10701, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, _, _ := newTest(t, Config{})
+			for i := range 8 { // 20,000 tokens/s
+				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
+				r.Record(&tr)
+			}
+			gone := served(10000, 0, 0, 0)
+			gone.PromptTokens = 8000 // 400 ms by the model; the client left at 600 ms
+			gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
+			gone.End, gone.ClientDone = time.Time{}, at(10600)
+			gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 499
+			gone.UsageSeen, gone.CompletionTokens = false, -1
+			inflight := 0
+			if tc.arrive < 10600 {
+				inflight = 1
+			}
+			next := served(tc.arrive, tc.first, tc.first+200, inflight) // 2,000 new tokens: 100 ms of prefill
+			next.CachedTokens = 0
+			r.Record(&gone)
+			r.Record(&next)
+			rq := r.Recent(1)[0]
+			require.Equal(t, SourceOccupancy, rq.QueueSource)
+			require.InDelta(t, tc.want, rq.Queue.Millis(), max(25, tc.want/10), "within max(25 ms, 10%%)")
+		})
+	}
+}
+
 func TestSlotLearnerWindow(t *testing.T) {
 	l := newSlotLearner(0)
 	require.Equal(t, 1, l.effective(), "nothing learned: 1")

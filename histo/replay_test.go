@@ -93,6 +93,19 @@ func TestReplayOllamaLoaded(t *testing.T) {
 	replaySet(t, "testdata/ollama/loaded/*.json", replayBarsLoaded)
 }
 
+// TestReplayOllamaAbandoned holds every captured abandoned prefill (a
+// 2,000-token prompt whose client left after 200 and 600 ms on one slot,
+// a 600-token one next; quiet and loaded host) within the bar. The
+// loaded sets' bar would let one through: in the full suite under load
+// the cost model estimated the abandoned prefill at 362 ms where the
+// engine took 2,249, ending the estimate before the client left at
+// 600 ms, and the next request was given 1.3 ms of queue for 1,659
+// (docs/queue-split.md "A client that left during prefill").
+func TestReplayOllamaAbandoned(t *testing.T) {
+	replaySet(t, "testdata/ollama/abandoned-*.json", map[int]float64{1: 1})
+	replaySet(t, "testdata/ollama/loaded/abandoned-*.json", map[int]float64{1: 1})
+}
+
 // replaySet replays every timeline the glob names and holds each slot
 // count's share of requests within max(25 ms, 10%) of the truth to bars.
 func replaySet(t *testing.T, glob string, bars map[int]float64) {
