@@ -79,3 +79,30 @@ func TestBatchLockLoneVoteStands(t *testing.T) {
 	rq := r.Recent(1)[0]
 	require.InDelta(t, 199, rq.Queue.Millis(), 1, "queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
 }
+
+// TestSlotWaitNotExplainedAwayUnderTheLock: a one-slot engine behind a
+// too-large hint (--engine-slots 2), whose evidence is ollama's (no cached
+// count, the head with the first output): e arrived 1 ms after x and got
+// its first output 70% of its own prefill after x's stream ended. It
+// waited for x's slot (queue 129 ms). A prefill end that explains its
+// first output better (x's, at 100 ms) is another engine's story
+// (prefillExplains is asked only when lockable says no lock); taken here,
+// it put e's queue at 99 ms.
+func TestSlotWaitNotExplainedAwayUnderTheLock(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 2})
+	for i := range 8 { // 2,000 tokens in 100 ms, alone
+		tr := served(float64(i*10000), float64(i*10000+100), float64(i*10000+150), 0)
+		tr.Prefix.Tracked = true
+		r.Record(&tr)
+	}
+	x := served(100000, 100100, 100130, 0)
+	x.Prefix.Tracked, x.ID = true, 100
+	e := served(100001, 100200, 100300, 1)
+	e.Prefix.Tracked, e.ID = true, 101
+	r.FirstOutput(&x)
+	r.Record(&x)
+	r.Record(&e)
+	rq := r.Recent(1)[0]
+	t.Logf("queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
+	require.InDelta(t, 129, rq.Queue.Millis(), 25, "queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
+}
