@@ -262,7 +262,8 @@ func leastWait(point time.Duration) int64 {
 // timing: the timing cannot tell. On an engine without a lock whose
 // concurrent prefills share its compute in arrival order (llama.cpp fills
 // each batch from its slots in order, vLLM's chunked prefill schedules
-// the running requests' chunks first), a request that arrived during
+// the running requests' chunks first; both give a batch's leftover tokens
+// to the next prompt), a request that arrived during
 // another's prefill gets its first output that prefill's end plus its own
 // prefill later, exactly when it would have under the lock
 // (TestBatchLockNotFromSharedPrefill: one request's own vote put 199 ms
