@@ -249,12 +249,8 @@ func TestOccupancyAbandonedPrefill(t *testing.T) {
 	}
 	_, _, ok := r.PrefillRate()
 	require.True(t, ok)
-	gone := served(10000, 0, 0, 0)
-	gone.PromptTokens = 8000 // 400 ms of prefill; the client left at 50 ms
-	gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
-	gone.End, gone.ClientDone = at(10050), at(10050)
-	gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 0
-	gone.UsageSeen, gone.CompletionTokens = false, -1
+	gone := leftInPrefill(10000, 10050, 8000) // 400 ms of prefill; the client left at 50 ms
+	gone.End, gone.Status = at(10050), 0
 	next := served(10010, 10500, 10700, 1) // its slot came at 10,400: 390 ms of queue, 100 ms of prefill
 	r.Record(&gone)
 	r.Record(&next)
@@ -296,12 +292,8 @@ func TestOccupancyAbandonedPrefillMisjudged(t *testing.T) {
 				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
 				r.Record(&tr)
 			}
-			gone := served(10000, 0, 0, 0)
-			gone.PromptTokens = 8000 // 400 ms by the model; the client left at 50 ms
-			gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
-			gone.End, gone.ClientDone = at(10050), at(10050)
-			gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 0
-			gone.UsageSeen, gone.CompletionTokens = false, -1
+			gone := leftInPrefill(10000, 10050, 8000) // 400 ms by the model; the client left at 50 ms
+			gone.End, gone.Status = at(10050), 0
 			next := served(10010, tc.first, tc.first+200, 1) // 2,000 new tokens: 100 ms of prefill
 			next.CachedTokens = 0
 			r.Record(&gone)
@@ -337,12 +329,7 @@ func TestOccupancyAbandonedPrefillOutranEstimate(t *testing.T) {
 				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
 				r.Record(&tr)
 			}
-			gone := served(10000, 0, 0, 0)
-			gone.PromptTokens = 8000 // 400 ms by the model; the client left at 600 ms
-			gone.FirstOutput, gone.FirstContent, gone.LastToken = time.Time{}, time.Time{}, time.Time{}
-			gone.End, gone.ClientDone = time.Time{}, at(10600)
-			gone.ErrSide, gone.ErrKind, gone.Status = proxy.SideClient, proxy.ErrClientGone, 499
-			gone.UsageSeen, gone.CompletionTokens = false, -1
+			gone := leftInPrefill(10000, 10600, 8000) // 400 ms by the model; the client left at 600 ms
 			inflight := 0
 			if tc.arrive < 10600 {
 				inflight = 1
@@ -476,4 +463,17 @@ func TestOccupancyNeverSentNotAhead(t *testing.T) {
 	}
 	rq := r.Recent(1)[0]
 	require.InDelta(t, 296, rq.Queue.Millis(), 1, "queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
+}
+
+// leftInPrefill is a request of tokens prompt tokens that arrived at
+// arrive (ms) and whose client left at left, before any output: no first
+// output, no end, status 499.
+func leftInPrefill(arrive, left float64, tokens int64) proxy.Trace {
+	tr := served(arrive, 0, 0, 0)
+	tr.PromptTokens = tokens
+	tr.FirstOutput, tr.FirstContent, tr.LastToken = time.Time{}, time.Time{}, time.Time{}
+	tr.End, tr.ClientDone = time.Time{}, at(left)
+	tr.ErrSide, tr.ErrKind, tr.Status = proxy.SideClient, proxy.ErrClientGone, 499
+	tr.UsageSeen, tr.CompletionTokens = false, -1
+	return tr
 }

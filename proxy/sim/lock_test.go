@@ -30,17 +30,7 @@ func TestBatchLock(t *testing.T) {
 				cfg.PrefillTokensPerSec = 1000
 				cfg.ContextSlowdown = -1
 				v := startVirtual(t, cfg)
-				done := make(chan struct{}, 3)
-				for i, tokens := range []int{1000, 100, 100} {
-					go func() {
-						body := longPrompt(fmt.Sprintf("lock%d", i), tokens, false)
-						resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", fmt.Sprintf("lock%d", i))
-						resp.Body.Close()
-						done <- struct{}{}
-					}()
-					synctest.Wait()
-					time.Sleep(100 * time.Millisecond)
-				}
+				done, _ := sendEvery(t, v, "lock", 100*time.Millisecond, []int{1000, 100, 100}, -1)
 				for range 3 {
 					<-done
 				}
@@ -109,25 +99,8 @@ func TestSharedPrefillAbandoned(t *testing.T) {
 		cfg.ContextSlowdown = -1
 		cfg.SharedPrefill = true
 		v := startVirtual(t, cfg)
-		done := make(chan struct{}, 3)
-		ctx, leave := context.WithCancel(context.Background())
-		for i, tokens := range []int{1000, 300, 500} {
-			go func() {
-				defer func() { done <- struct{}{} }()
-				c := context.Background()
-				if i == 2 {
-					c = ctx
-				}
-				id := fmt.Sprintf("shared%d", i)
-				req := mustRequest(t, c, "http://sim/v1/chat/completions", longPrompt(id, tokens, false), "X-Request-Id", id)
-				if resp, err := v.client.Do(req); err == nil {
-					resp.Body.Close()
-				}
-			}()
-			synctest.Wait()
-			time.Sleep(100 * time.Millisecond)
-		}
-		time.Sleep(801 * time.Millisecond) // at 1,101 ms: 100 ms into b's prefill
+		done, leave := sendEvery(t, v, "shared", 100*time.Millisecond, []int{1000, 300, 500}, 2)
+		time.Sleep(901 * time.Millisecond) // at 1,101 ms: 100 ms into b's prefill
 		leave()
 		for range 3 {
 			<-done
@@ -156,17 +129,7 @@ func TestSharedPrefillInOrder(t *testing.T) {
 		cfg.SwitchCost = -1
 		cfg.SharedPrefill = true
 		v := startVirtual(t, cfg)
-		done := make(chan struct{}, 2)
-		for i, tokens := range []int{1000, 500} {
-			go func() {
-				body := longPrompt(fmt.Sprintf("order%d", i), tokens, false)
-				resp := v.post(t, context.Background(), "/v1/chat/completions", body, "X-Request-Id", fmt.Sprintf("order%d", i))
-				resp.Body.Close()
-				done <- struct{}{}
-			}()
-			synctest.Wait()
-			time.Sleep(100 * time.Millisecond)
-		}
+		done, _ := sendEvery(t, v, "order", 100*time.Millisecond, []int{1000, 500}, -1)
 		for range 2 {
 			<-done
 		}
@@ -215,26 +178,7 @@ func TestSharedPrefillInOrderAbandoned(t *testing.T) {
 				cfg.SwitchCost = -1
 				cfg.SharedPrefill = true
 				v := startVirtual(t, cfg)
-				done := make(chan struct{}, 3)
-				ctx, leave := context.WithCancel(context.Background())
-				for i, tokens := range []int{1000, 1000, 500} {
-					if i > 0 {
-						time.Sleep(100 * time.Millisecond)
-					}
-					go func() {
-						defer func() { done <- struct{}{} }()
-						c := context.Background()
-						if i == 1 {
-							c = ctx
-						}
-						id := fmt.Sprintf("turn%d", i)
-						req := mustRequest(t, c, "http://sim/v1/chat/completions", longPrompt(id, tokens, false), "X-Request-Id", id)
-						if resp, err := v.client.Do(req); err == nil {
-							resp.Body.Close()
-						}
-					}()
-					synctest.Wait()
-				}
+				done, leave := sendEvery(t, v, "turn", 100*time.Millisecond, []int{1000, 1000, 500}, 1)
 				time.Sleep(tc.leaveAt - 200*time.Millisecond)
 				leave()
 				for range 3 {
@@ -290,4 +234,33 @@ func TestSharedPrefillGroupLeftEarly(t *testing.T) {
 		require.Equal(t, 602*time.Millisecond, g.shared(301*time.Millisecond), "a counts b's share")
 		require.Equal(t, 802*time.Millisecond, res.abandoned, "b runs on at the shared speed")
 	})
+}
+
+// sendEvery sends one chat request of each prompt size in tokens, every
+// gap from now (ids prefix0, prefix1, …), each on its own goroutine that
+// signals done when its response is closed; the request at index abandon
+// is sent with a context that leave cancels (-1: none). It returns after the last
+// send, inside the synctest bubble.
+func sendEvery(t *testing.T, v *virtualSim, prefix string, gap time.Duration, tokens []int, abandon int) (done chan struct{}, leave context.CancelFunc) {
+	done = make(chan struct{}, len(tokens))
+	ctx, leave := context.WithCancel(context.Background())
+	for i, n := range tokens {
+		if i > 0 {
+			time.Sleep(gap)
+		}
+		go func() {
+			defer func() { done <- struct{}{} }()
+			c := context.Background()
+			if i == abandon {
+				c = ctx
+			}
+			id := fmt.Sprintf("%s%d", prefix, i)
+			req := mustRequest(t, c, "http://sim/v1/chat/completions", longPrompt(id, n, false), "X-Request-Id", id)
+			if resp, err := v.client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		synctest.Wait()
+	}
+	return done, leave
 }
