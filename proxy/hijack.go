@@ -252,7 +252,7 @@ func (p *Proxy) closeDelimited(ctx *fasthttp.RequestCtx, r *relay) {
 	head := append(appendHead(nil, &ctx.Response.Header, true), "Connection: close\r\n\r\n"...)
 	p.hijack(ctx, func(cc net.Conn) {
 		r.conn = cc
-		_, err := cc.Write(head)
+		err := r.write(cc, head, time.Now()) // under the relay's first idle deadline
 		if err == nil {
 			_, err = r.WriteTo(cc)
 		}
