@@ -77,6 +77,19 @@ func appendConnection(named, v []byte) []byte {
 	return append(named, v...)
 }
 
+// connectionNames reports whether k is one of named, the comma-separated
+// values of Connection headers (appendConnection), in any case.
+func connectionNames(named, k []byte) bool {
+	for len(named) > 0 {
+		var tok []byte
+		tok, named, _ = bytes.Cut(named, []byte(","))
+		if bytes.EqualFold(bytes.TrimSpace(tok), k) {
+			return true
+		}
+	}
+	return false
+}
+
 // stripHops removes hop-by-hop headers, including every header any
 // Connection header names (RFC 9110 §7.6.1), by deleting every name whether
 // it is there or not: for a header whose names cannot be listed without
