@@ -138,9 +138,10 @@ func TestNonStreamResponseOneWrite(t *testing.T) {
 // TestWriteDeadlineNotLeftOver: the write deadline a relayed body set on
 // the client connection does not outlive its response. The connection then
 // sits idle well past that deadline, and the next response, a 204 that
-// fasthttp writes without the relay, must still go out: for an HTTP/1.1
-// client fasthttp clears the deadline (flushEachResponse set one, so it
-// does), for an HTTP/1.0 keep-alive client CloseWithError does.
+// fasthttp writes without the relay, must still go out: fasthttp clears
+// the deadline after the response's flush, for HTTP/1.1 and HTTP/1.0
+// keep-alive clients alike, because the relay set its first one through
+// the request (relay.firstWriteDeadline).
 func TestWriteDeadlineNotLeftOver(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/v1/empty" {
@@ -204,10 +205,11 @@ func (c *deadlineCountingConn) SetWriteDeadline(t time.Time) error {
 
 // TestNonStreamWriteDeadlineChanges: a non-stream request of a kept-alive
 // HTTP/1.1 client changes the client connection's write deadline twice:
-// the relay's idle deadline for the body, set through the request so that
-// fasthttp flushes the response on its own, and fasthttp's clear after the
-// flush (three before: a zero deadline set first only to ask for the
-// flush). TestInterimNeverOvertakesTheLastResponse holds the flush, and
+// the relay's idle deadline for the head and body, set through the request
+// before the head is written (relay.firstWriteDeadline) so that fasthttp
+// flushes the response on its own, and fasthttp's clear after the flush
+// (three before the relay set its first one through the request: a zero
+// deadline set first only to ask for the flush). TestInterimNeverOvertakesTheLastResponse holds the flush, and
 // TestWriteDeadlineNotLeftOver the clear.
 func TestNonStreamWriteDeadlineChanges(t *testing.T) {
 	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {

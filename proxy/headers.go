@@ -57,38 +57,67 @@ func hopBit(k []byte) uint16 {
 
 // header is what fasthttp's RequestHeader and ResponseHeader share.
 type header interface {
-	Peek(key string) []byte
+	PeekAll(key string) [][]byte
 	Del(key string)
 	DelBytes(key []byte)
 }
 
-// stripHops removes hop-by-hop headers, including every header the Connection
-// header names (RFC 9110 §7.6.1), by deleting every name whether it is
-// there or not: for a header whose names cannot be listed without side
-// effects (see stripRequestHops).
-func stripHops(h header) {
-	stripFound(h, allHops)
+// connBuf is the stack space for the Connection header's values that
+// stripFound deletes: a copy, as the values alias storage that Del
+// rearranges. Longer lists spill to the heap (an allocation, rare).
+type connBuf [256]byte
+
+// appendConnection appends a Connection header's value v to named, the
+// values seen so far, comma-separated: every Connection field counts
+// (RFC 9110 §7.6.1), as in Go's httputil.ReverseProxy.
+func appendConnection(named, v []byte) []byte {
+	if len(named) > 0 {
+		named = append(named, ',')
+	}
+	return append(named, v...)
 }
 
-// stripFound deletes the hop-by-hop headers whose bits are in found, and,
-// when Connection's is, every header the Connection header names. A
-// fasthttp Del costs a normalization of its key and a scan of the headers
-// whether the name is there or not (about 50 ns each), so only the names
-// found are deleted. Deleting a name that is not there has no effect on
-// what fasthttp writes, with one exception the callers handle: a request's
-// or response's Connection: close is a flag that only Del("Connection")
-// clears, and it is counted as found.
-func stripFound(h header, found uint16) {
-	if found&1 != 0 { // Connection
-		// Copy first: the Peek result aliases storage that Del rearranges.
-		var buf [256]byte
-		named := append(buf[:0], h.Peek("Connection")...)
-		for len(named) > 0 {
-			var tok []byte
-			tok, named, _ = bytes.Cut(named, []byte(","))
-			if tok = bytes.TrimSpace(tok); len(tok) > 0 {
-				delBytes(h, tok)
-			}
+// connectionNames reports whether k is one of named, the comma-separated
+// values of Connection headers (appendConnection), in any case.
+func connectionNames(named, k []byte) bool {
+	for len(named) > 0 {
+		var tok []byte
+		tok, named, _ = bytes.Cut(named, []byte(","))
+		if bytes.EqualFold(bytes.TrimSpace(tok), k) {
+			return true
+		}
+	}
+	return false
+}
+
+// stripHops removes hop-by-hop headers, including every header any
+// Connection header names (RFC 9110 §7.6.1), by deleting every name whether
+// it is there or not: for a header whose names cannot be listed without
+// side effects (see stripRequestHops). PeekAll("Connection") has none.
+func stripHops(h header) {
+	var buf connBuf
+	named := buf[:0]
+	for _, v := range h.PeekAll("Connection") {
+		named = appendConnection(named, v)
+	}
+	stripFound(h, allHops, named)
+}
+
+// stripFound deletes the hop-by-hop headers whose bits are in found, and
+// every header named, the comma-separated values of every Connection
+// header, copied out of h by the caller. A fasthttp Del costs a
+// normalization of its key and a scan of the headers whether the name is
+// there or not (about 50 ns each), so only the names found are deleted.
+// Deleting a name that is not there has no effect on what fasthttp writes,
+// with one exception the callers handle: a request's or response's
+// Connection: close is a flag that only Del("Connection") clears, and it
+// is counted as found.
+func stripFound(h header, found uint16, named []byte) {
+	for len(named) > 0 {
+		var tok []byte
+		tok, named, _ = bytes.Cut(named, []byte(","))
+		if tok = bytes.TrimSpace(tok); len(tok) > 0 {
+			delBytes(h, tok)
 		}
 	}
 	for i, name := range hopHeaders {
@@ -123,7 +152,8 @@ func delBytes(h header, key []byte) {
 // trailer is announced (Del of a trailer name edits the trailer fields),
 // every name is deleted, as before.
 func stripRequestHops(h *fasthttp.RequestHeader) {
-	found, ok := rawHopBits(h.RawHeaders())
+	var buf connBuf
+	found, named, ok := rawHopBits(h.RawHeaders(), buf[:0])
 	if !ok || len(h.PeekTrailerKeys()) > 0 {
 		stripHops(h)
 		return
@@ -131,15 +161,16 @@ func stripRequestHops(h *fasthttp.RequestHeader) {
 	if h.ConnectionClose() { // HTTP/1.0 without keep-alive, or a close
 		found |= 1
 	}
-	stripFound(h, found&^altSvcBit)
+	stripFound(h, found&^altSvcBit, named)
 }
 
 // rawHopBits returns the hopBits of the header names in raw, a header
-// block as it came off the wire; ok is false when raw is empty or a line
-// is not a plain "name: value".
-func rawHopBits(raw []byte) (found uint16, ok bool) {
+// block as it came off the wire, and named with the value of every
+// Connection line appended (appendConnection); ok is false when raw is
+// empty or a line is not a plain "name: value".
+func rawHopBits(raw, named []byte) (found uint16, _ []byte, ok bool) {
 	if len(raw) == 0 {
-		return 0, false
+		return 0, named, false
 	}
 	for len(raw) > 0 {
 		line := raw
@@ -154,11 +185,15 @@ func rawHopBits(raw []byte) (found uint16, ok bool) {
 		}
 		colon := bytes.IndexByte(line, ':')
 		if colon <= 0 || line[0] == ' ' || line[0] == '\t' {
-			return 0, false
+			return 0, named, false
 		}
-		found |= hopBit(bytes.TrimRight(line[:colon], " \t"))
+		bit := hopBit(bytes.TrimRight(line[:colon], " \t"))
+		if bit == 1 { // Connection
+			named = appendConnection(named, line[colon+1:])
+		}
+		found |= bit
 	}
-	return found, true
+	return found, named, true
 }
 
 // stripResponseHops is stripHops for the client's response, plus Alt-Svc,
@@ -174,10 +209,16 @@ func stripResponseHops(h *fasthttp.ResponseHeader) {
 		return
 	}
 	var found uint16
-	for k := range h.All() {
-		found |= hopBit(k)
+	var buf connBuf
+	named := buf[:0]
+	for k, v := range h.All() {
+		bit := hopBit(k)
+		if bit == 1 { // Connection, each of them, copied before any Del
+			named = appendConnection(named, v)
+		}
+		found |= bit
 	}
-	stripFound(h, found)
+	stripFound(h, found, named)
 	if found&altSvcBit != 0 {
 		h.Del("Alt-Svc")
 	}

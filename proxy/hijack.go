@@ -252,7 +252,7 @@ func (p *Proxy) closeDelimited(ctx *fasthttp.RequestCtx, r *relay) {
 	head := append(appendHead(nil, &ctx.Response.Header, true), "Connection: close\r\n\r\n"...)
 	p.hijack(ctx, func(cc net.Conn) {
 		r.conn = cc
-		_, err := cc.Write(head)
+		err := r.write(cc, head, time.Now()) // under the relay's first idle deadline
 		if err == nil {
 			_, err = r.WriteTo(cc)
 		}
@@ -314,9 +314,16 @@ func (p *Proxy) abandonHijack(c net.Conn) {
 func (p *Proxy) Hijacked() int64 { return p.hj.running.Load() }
 
 // appendHead appends a response's status line and its end-to-end header
-// lines (hop-by-hop ones dropped, and Content-Length when unframed), but
-// not the blank line that ends the head.
+// lines (hop-by-hop ones dropped, those any Connection header names too, as
+// stripHops; and Content-Length when unframed), but not the blank line that
+// ends the head. h is not changed: a forwarded 1xx's header is the one the
+// final response is read into next.
 func appendHead(b []byte, h *fasthttp.ResponseHeader, unframed bool) []byte {
+	var buf connBuf
+	named := buf[:0]
+	for _, v := range h.PeekAll("Connection") { // no side effects for this name
+		named = appendConnection(named, v)
+	}
 	b = append(b, "HTTP/1.1 "...)
 	b = strconv.AppendInt(b, int64(h.StatusCode()), 10)
 	b = append(b, ' ')
@@ -327,7 +334,7 @@ func appendHead(b []byte, h *fasthttp.ResponseHeader, unframed bool) []byte {
 	}
 	b = append(b, "\r\n"...)
 	for k, v := range h.All() {
-		if isHopHeader(k) || (unframed && bytes.EqualFold(k, []byte("Content-Length"))) {
+		if isHopHeader(k) || connectionNames(named, k) || (unframed && bytes.EqualFold(k, []byte("Content-Length"))) {
 			continue
 		}
 		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)

@@ -300,7 +300,8 @@ func TestPipelinedUpgradeResetReleases(t *testing.T) {
 		reset(c)
 	}
 	// Each try is the GET's Trace and, when the reset came after the GET's
-	// answer was flushed (every response is: flushEachResponse), the
+	// answer was flushed (every response is, before the next request is
+	// read: the relay's first write deadline, set through the request), the
 	// upgrade's; a reset that came first ends the connection at that
 	// flush, and the upgrade is never read.
 	for gets := 0; gets < tries; {

@@ -40,7 +40,8 @@ func TestInterimResponsesForwarded(t *testing.T) {
 				continue
 			}
 			io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
-			io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n")
+			io.WriteString(c, "HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n"+
+				"Connection: X-Hint-Hop\r\nX-Hint-Hop: 1\r\nconnection: x-hint-b\r\nX-Hint-B: 2\r\nKeep-Alive: timeout=5\r\n\r\n")
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
@@ -50,6 +51,9 @@ func TestInterimResponsesForwarded(t *testing.T) {
 	line, h := readHead(t, br)
 	require.Equal(t, "HTTP/1.1 103 Early Hints", line)
 	require.Equal(t, "</style.css>; rel=preload", h.Get("Link"))
+	for _, k := range []string{"Connection", "X-Hint-Hop", "X-Hint-B", "Keep-Alive"} {
+		require.Empty(t, h.Get(k), "the 103's hop-by-hop %s reached the client", k)
+	}
 	resp, err := http.ReadResponse(br, nil)
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)

@@ -109,11 +109,6 @@ func (p *Proxy) finishHandler(r *relay) {
 func (r *relay) CloseWithError(err error) error {
 	r.tr.ClientDone = time.Now()
 	r.endWatch() // before the upstream connection can go back to its pool
-	// Nothing was written, so no deadline asked for the flush: ask here.
-	if r.dlCtx != nil {
-		r.serverClears = flushEachResponse(r.dlCtx)
-		r.dlCtx = nil
-	}
 	if err != nil {
 		r.fail(SideClient, ErrClientGone)
 	}
@@ -123,11 +118,12 @@ func (r *relay) CloseWithError(err error) error {
 		}
 	}
 	if r.conn != nil && r.wdl.set() {
-		// On HTTP/1.1 fasthttp clears it after its last flush, so what is
-		// still in its buffer goes out under the relay's last deadline
-		// (a stalled client no longer holds the connection on that flush
-		// forever); HTTP/1.0 clears it here, before the flush.
-		if !r.serverClears { // a deadline change less per HTTP/1.1 request
+		// When the first one was set through the request, fasthttp clears
+		// it after its last flush, so what is still in its buffer goes out
+		// under the relay's last deadline (a stalled client cannot hold
+		// the connection on that flush); a hijacked HTTP/1.0 stream, or
+		// one whose first deadline failed, clears it here.
+		if !r.serverClears { // a deadline change less per request
 			_ = r.conn.SetWriteDeadline(time.Time{})
 		}
 		r.wdl.clear()
@@ -274,7 +270,7 @@ func (r *relay) reusable() bool {
 func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
-	r.conn, r.clientHeader, r.trailers, r.serverClears, r.dlCtx = nil, nil, false, false, nil
+	r.conn, r.clientHeader, r.trailers, r.serverClears = nil, nil, false, false
 	r.wdl.clear()
 	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown

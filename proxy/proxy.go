@@ -221,13 +221,15 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 	r := p.begin(ctx, ctx.Time())
 	tr := &r.tr
 	defer p.recoverHandle(ctx, r)
-	// The response is flushed on its own (flushEachResponse); a body the
-	// relay writes has it done by its first write deadline instead (one
-	// deadline change less per request: relay.setWriteDeadline).
-	viaBody := false
+	// The response goes out on its own and under a write deadline
+	// (flushEachResponse); a body the relay writes has both done by its
+	// first write deadline instead (one deadline change less per request:
+	// relay.firstWriteDeadline), and a hijacked connection's writes are
+	// the hijack's to bound (fasthttp clears every deadline before it).
+	flushArranged := false
 	defer func() {
-		if !viaBody {
-			flushEachResponse(ctx)
+		if !flushArranged && !ctx.Hijacked() {
+			p.flushEachResponse(ctx)
 		}
 	}()
 
@@ -338,9 +340,7 @@ func (p *Proxy) Handle(ctx *fasthttp.RequestCtx) {
 		p.closeDelimited(ctx, r)
 		return
 	}
-	if ctx.Request.Header.IsHTTP11() {
-		r.dlCtx, viaBody = ctx, true
-	}
+	flushArranged = r.firstWriteDeadline(ctx, tr.Headers)
 	ctx.Response.SetBodyStream(r, size)
 }
 

@@ -213,7 +213,7 @@ func (p *Proxy) readHead(ctx *fasthttp.RequestCtx, r *relay, c *upConn) error {
 			return errTooManyInterim
 		}
 		if code != fasthttp.StatusContinue { // the client had its 100 from the server (see Server)
-			forwardInterim(ctx, &resp.Header)
+			p.forwardInterim(ctx, &resp.Header)
 		}
 	}
 	if code := resp.StatusCode(); code == fasthttp.StatusSwitchingProtocols || noBody(ctx, code) {
@@ -273,26 +273,33 @@ func checkHead(br *bufio.Reader) error {
 // the final response, which fasthttp writes when the handler returns, as
 // fasthttp's own RequestCtx.EarlyHints does. That is in order only because
 // every earlier response on the connection has left fasthttp's writer
-// (flushEachResponse).
-func forwardInterim(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
+// (flushEachResponse). The write is under a deadline of ClientWriteTimeout,
+// set through the request so that fasthttp clears it once the final
+// response is out (a client that stops reading is cut here too); the final
+// response's own deadline (Handle) replaces it.
+func (p *Proxy) forwardInterim(ctx *fasthttp.RequestCtx, h *fasthttp.ResponseHeader) {
 	if !ctx.Request.Header.IsHTTP11() {
 		return // HTTP/1.0 has no interim responses
 	}
 	b := append(appendHead(make([]byte, 0, 256), h, false), "\r\n"...)
+	if ctx.SetWriteDeadline(time.Now().Add(p.cfg.ClientWriteTimeout)) != nil {
+		return // the connection is gone: the final response fails the same way
+	}
 	_, _ = ctx.Conn().Write(b)
 }
 
-// flushEachResponse has fasthttp send this request's response before it
-// reads the next pipelined request, instead of holding it in its writer to
-// batch it with the next one: a 1xx that forwardInterim writes for the
-// next request must not overtake it, or land inside it. fasthttp flushes
-// after a response whose handler set a write deadline (serveConn), so one
-// is set, to none. Called for every request of an HTTP/1.1 client whose
-// response body the relay does not write (Handle), or wrote nothing of
-// (CloseWithError); a body the relay writes sets its first idle deadline
-// through the request instead (relay.setWriteDeadline). It reports whether
-// it set the deadline: fasthttp then also clears the write deadline once
-// the response is written, and the relay need not (CloseWithError).
-func flushEachResponse(ctx *fasthttp.RequestCtx) bool {
-	return ctx.Request.Header.IsHTTP11() && ctx.SetWriteDeadline(time.Time{}) == nil
+// flushEachResponse puts a response the relay does not write (204, 304,
+// HEAD, a refusal) under a write deadline of ClientWriteTimeout, and has
+// fasthttp send it before it reads the next pipelined request instead of
+// holding it in its writer to batch it with the next one. The deadline:
+// fasthttp has no WriteTimeout here (Server), and a client that pipelines
+// and never reads would otherwise hold its connection, busy and so never
+// evicted as idle, forever. The flush: a 1xx that forwardInterim writes for
+// the next request must not overtake it, or land inside it. fasthttp
+// flushes after a response whose handler set a write deadline (serveConn),
+// and clears the deadline after the flush. A body the relay writes sets
+// its first idle deadline through the request instead
+// (relay.firstWriteDeadline).
+func (p *Proxy) flushEachResponse(ctx *fasthttp.RequestCtx) {
+	_ = ctx.SetWriteDeadline(time.Now().Add(p.cfg.ClientWriteTimeout))
 }

@@ -55,11 +55,9 @@ type relay struct {
 
 	capture []byte // non-stream JSON body kept to read usage, bounded
 
-	// dlCtx is the request whose response body the relay writes to an
-	// HTTP/1.1 client, until its first write deadline is set through it
-	// (setWriteDeadline); serverClears says that was done, so fasthttp
-	// flushes the response on its own and clears the deadline after it.
-	dlCtx        *fasthttp.RequestCtx
+	// serverClears says the relay's first write deadline was set through
+	// the request (firstWriteDeadline), so fasthttp flushes the response
+	// on its own and clears the deadline after it.
 	serverClears bool
 
 	// With --inject-usage: the stream is filtered event by event.
@@ -173,22 +171,26 @@ func (r *relay) write(w io.Writer, b []byte, now time.Time) error {
 	return nil
 }
 
-// setWriteDeadline sets the client connection's write deadline. The first
-// one of an HTTP/1.1 response body goes through the request (dlCtx): a
-// deadline the handler set makes fasthttp flush the response before it
-// reads the next pipelined request, which flushEachResponse otherwise
-// asks for with a deadline change of its own, and clear the deadline after
-// the flush; the flush stays under this deadline, so a stalled client
-// cannot hold it forever.
-func (r *relay) setWriteDeadline(dl time.Time) {
-	if ctx := r.dlCtx; ctx != nil {
-		r.dlCtx = nil
-		if ctx.SetWriteDeadline(dl) == nil {
-			r.serverClears = true
-			return
-		}
+// setWriteDeadline renews the client connection's write deadline.
+func (r *relay) setWriteDeadline(dl time.Time) { _ = r.conn.SetWriteDeadline(dl) }
+
+// firstWriteDeadline sets the relay's first idle write deadline, before
+// fasthttp writes the head, through the request (now is when the engine's
+// head came): a deadline the handler set makes fasthttp flush the response
+// before it reads the next pipelined request, which flushEachResponse
+// otherwise asks for with a deadline change of its own, and clear the
+// deadline after the flush (serverClears). So the head, a head flushed
+// before the body starts, and the last flush are all under a deadline: a
+// client that stops reading is cut, never held. It reports whether the
+// deadline is set; when not, the relay sets its own at its first write.
+func (r *relay) firstWriteDeadline(ctx *fasthttp.RequestCtx, now time.Time) bool {
+	dl, _ := r.wdl.next(now, r.p.cfg.ClientWriteTimeout)
+	if ctx.SetWriteDeadline(dl) != nil {
+		r.wdl.clear()
+		return false
 	}
-	_ = r.conn.SetWriteDeadline(dl)
+	r.serverClears = true
+	return true
 }
 
 // bodyBuffered reports whether a response body of size bytes is all in

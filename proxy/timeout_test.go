@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -123,4 +124,52 @@ func TestSlowReaderBackpressure(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	require.Less(t, int64(after.HeapAlloc)-int64(before.HeapAlloc), int64(16<<20), "the proxy buffered the stream")
+}
+
+// TestPipelinedNonReaderCut: a client that pipelines requests and never
+// reads their answers is cut by ClientWriteTimeout when the responses are
+// ones the relay does not write itself: a 204 (fasthttp writes it), and a
+// 103 written straight to the connection before it. Such a connection is
+// busy, not idle, so the listener's eviction never reclaims it: without a
+// write deadline on those writes it was held forever (40,000 unread 204s
+// in 3 s, never cut). The responses carry a 2 KB header so that the
+// socket buffers fill in a few hundred requests; the client's own socket
+// sees the cut as a failed write (reset or broken pipe).
+func TestPipelinedNonReaderCut(t *testing.T) {
+	pad := strings.Repeat("p", 2048)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Pad", pad)
+		if r.URL.Path == "/v1/hints" {
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
+	const timeout = 100 * time.Millisecond
+	base, _ := startProxy(t, Config{Upstream: up.URL, ClientWriteTimeout: timeout}, nil)
+	for _, path := range []string{"/v1/empty", "/v1/hints"} {
+		t.Run(path, func(t *testing.T) {
+			c, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+			require.NoError(t, err)
+			defer c.Close()
+			require.NoError(t, c.(*net.TCPConn).SetReadBuffer(4096)) // never read
+			req := []byte(strings.Repeat("GET "+path+" HTTP/1.1\r\nHost: x\r\n\r\n", 16))
+			start := time.Now()
+			sent := 0
+			for {
+				require.Less(t, time.Since(start), 5*time.Second, "never cut after %d requests", sent)
+				require.NoError(t, c.SetWriteDeadline(time.Now().Add(50*time.Millisecond)))
+				_, err := c.Write(req)
+				if err == nil {
+					sent += 16
+					continue
+				}
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					continue // the proxy reads no more: it is stuck on a write, or about to cut
+				}
+				t.Logf("cut after %v and %d requests: %v", time.Since(start).Round(time.Millisecond), sent, err)
+				return
+			}
+		})
+	}
 }
