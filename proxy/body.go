@@ -223,6 +223,9 @@ func lingerClose(ctx *fasthttp.RequestCtx) {
 	_, _ = ctx.Response.WriteTo(&resp)
 	ctx.HijackSetNoResponse(true)
 	ctx.Hijack(func(c net.Conn) {
+		// Bounded like every write to a client: one that pipelined
+		// responses it never reads would otherwise hold this one forever.
+		_ = c.SetWriteDeadline(time.Now().Add(lingerIdle))
 		if _, err := c.Write(resp.Bytes()); err == nil {
 			linger(c)
 		}
