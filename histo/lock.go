@@ -334,7 +334,7 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 // of a prefill e was placed at. The caller holds o.mu.
 func (o *occupancy) joinedAt(end int64) bool {
 	for i := range o.nPre {
-		if o.joins[i] == end {
+		if o.joins[i] > 0 && o.joins[i] == end {
 			return true
 		}
 	}

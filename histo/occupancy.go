@@ -243,9 +243,10 @@ type priors struct {
 	// batch, when positive, is the share of point that its first
 	// engineBatch new tokens take, when it has more (firstBatch).
 	batch time.Duration
-	// abandoned, when positive, is how long the engine goes on
-	// prefilling it after its client left before the first output (the
-	// slot stays taken until then).
+	// abandoned, when positive, is how long the engine takes to prefill
+	// a request whose client left before its first output, from its
+	// start (the slot stays taken until then, and at least until the
+	// leaving).
 	abandoned time.Duration
 	load      engineLoad // the engine's own counts at its arrival, when scraped
 	// reported is set when the engine reported its cached tokens (an

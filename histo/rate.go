@@ -610,8 +610,8 @@ func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration) {
 	return seconds(n * rs.fit.fastest), seconds(floorEarly * n * rs.fit.fastest)
 }
 
-// abandonedPrefill is how long the engine goes on prefilling tr after its
-// client left before its first output (ollama and llama.cpp prefill the
+// abandonedPrefill is how long the engine takes, from its start, to
+// prefill tr, whose client left before its first output (ollama and llama.cpp prefill the
 // whole prompt, or the batch they are on, before they notice), from the
 // model: 0 when tr is not such a request or nothing is learned yet. A
 // request without usage is sized from its body at the learned tokens per

@@ -104,12 +104,15 @@ func TestPreserveHostAndNoForwardedFor(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	base, _ := startProxy(t, Config{Upstream: up.URL, PreserveHost: true, NoForwardedFor: true}, newTraceLog())
-	resp := rawExchange(t, base, "GET /health HTTP/1.1\r\nHost: client.example\r\n\r\n")
-	resp.Body.Close()
-	require.Equal(t, http.StatusNoContent, resp.StatusCode)
-	r := <-seen
-	require.Equal(t, "client.example", r.Host)
-	require.Empty(t, r.Header.Get("X-Forwarded-For"))
+	// The second: a Connection header naming Host must not lose it.
+	for _, head := range []string{"Host: client.example\r\n", "Host: client.example\r\nConnection: Host\r\n"} {
+		resp := rawExchange(t, base, "GET /health HTTP/1.1\r\n"+head+"\r\n")
+		resp.Body.Close()
+		require.Equal(t, http.StatusNoContent, resp.StatusCode)
+		r := <-seen
+		require.Equal(t, "client.example", r.Host, "%q", head)
+		require.Empty(t, r.Header.Get("X-Forwarded-For"))
+	}
 }
 
 func TestPathQueryMethodAndPrefixForwarded(t *testing.T) {

@@ -334,7 +334,7 @@ func appendHead(b []byte, h *fasthttp.ResponseHeader, unframed bool) []byte {
 	}
 	b = append(b, "\r\n"...)
 	for k, v := range h.All() {
-		if isHopHeader(k) || connectionNames(named, k) || (unframed && bytes.EqualFold(k, []byte("Content-Length"))) {
+		if isHopHeader(k) || hopBit(k) == altSvcBit || connectionNames(named, k) || (unframed && bytes.EqualFold(k, []byte("Content-Length"))) {
 			continue
 		}
 		b = append(append(append(append(b, k...), ": "...), v...), "\r\n"...)

@@ -116,6 +116,9 @@ func (p *Proxy) buildRequest(ctx *fasthttp.RequestCtx, r *relay) refusal {
 		appendForwardedFor(&req.Header, ctx.RemoteIP())
 	}
 	if p.cfg.PreserveHost {
+		// The client's Host, even if its Connection header named it (the
+		// strip deleted it then; Go's ReverseProxy keeps req.Host too).
+		req.Header.SetHostBytes(ctx.Request.Header.Host())
 		req.UseHostHeader = true
 	} else {
 		req.Header.SetHost(p.up.Host)

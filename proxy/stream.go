@@ -184,6 +184,7 @@ func (r *relay) setWriteDeadline(dl time.Time) { _ = r.conn.SetWriteDeadline(dl)
 // client that stops reading is cut, never held. It reports whether the
 // deadline is set; when not, the relay sets its own at its first write.
 func (r *relay) firstWriteDeadline(ctx *fasthttp.RequestCtx, now time.Time) bool {
+	r.wdl.clear() // nothing was written yet: the deadline must be set here
 	dl, _ := r.wdl.next(now, r.p.cfg.ClientWriteTimeout)
 	if ctx.SetWriteDeadline(dl) != nil {
 		r.wdl.clear()
