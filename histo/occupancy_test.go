@@ -288,10 +288,7 @@ func TestOccupancyAbandonedPrefillMisjudged(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _, _ := newTest(t, Config{})
-			for i := range 8 { // 20,000 tokens/s
-				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
-				r.Record(&tr)
-			}
+			trainSolo(r)                              // 20,000 tokens/s
 			gone := leftInPrefill(10000, 10050, 8000) // 400 ms by the model; the client left at 50 ms
 			gone.End, gone.Status = at(10050), 0
 			next := served(10010, tc.first, tc.first+200, 1) // 2,000 new tokens: 100 ms of prefill
@@ -325,10 +322,7 @@ func TestOccupancyAbandonedPrefillOutranEstimate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r, _, _ := newTest(t, Config{})
-			for i := range 8 { // 20,000 tokens/s
-				tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
-				r.Record(&tr)
-			}
+			trainSolo(r)                              // 20,000 tokens/s
 			gone := leftInPrefill(10000, 10600, 8000) // 400 ms by the model; the client left at 600 ms
 			inflight := 0
 			if tc.arrive < 10600 {
@@ -476,4 +470,13 @@ func leftInPrefill(arrive, left float64, tokens int64) proxy.Trace {
 	tr.ErrSide, tr.ErrKind, tr.Status = proxy.SideClient, proxy.ErrClientGone, 499
 	tr.UsageSeen, tr.CompletionTokens = false, -1
 	return tr
+}
+
+// trainSolo records 8 requests of 2,000 prompt tokens, each alone, each
+// prefilled in 100 ms (20,000 tokens/s), 1 s apart from 0.
+func trainSolo(r *Recorder) {
+	for i := range 8 {
+		tr := served(float64(i*1000), float64(i*1000+100), float64(i*1000+200), 0)
+		r.Record(&tr)
+	}
 }

@@ -92,12 +92,7 @@ func TestArrivalJitter(t *testing.T) {
 // alone.
 func TestSharedPrefillAbandoned(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := fast()
-		cfg.Engine = EngineOllama
-		cfg.Slots = 4
-		cfg.PrefillTokensPerSec = 1000
-		cfg.ContextSlowdown = -1
-		cfg.SharedPrefill = true
+		cfg := sharedOllama()
 		v := startVirtual(t, cfg)
 		done, leave := sendEvery(t, v, "shared", 100*time.Millisecond, []int{1000, 300, 500}, 2)
 		time.Sleep(901 * time.Millisecond) // at 1,101 ms: 100 ms into b's prefill
@@ -207,12 +202,7 @@ func TestSharedPrefillInOrderAbandoned(t *testing.T) {
 // batches: 802 ms, what a's share counts, not b's 501 ms alone.
 func TestSharedPrefillGroupLeftEarly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		cfg := fast()
-		cfg.Engine = EngineOllama
-		cfg.Slots = 4
-		cfg.PrefillTokensPerSec = 1000
-		cfg.ContextSlowdown = -1
-		cfg.SharedPrefill = true
+		cfg := sharedOllama()
 		s, err := New(cfg)
 		require.NoError(t, err)
 		g := &prefillGroup{members: 2, done: make(chan struct{})}
@@ -263,4 +253,16 @@ func sendEvery(t *testing.T, v *virtualSim, prefix string, gap time.Duration, to
 		synctest.Wait()
 	}
 	return done, leave
+}
+
+// sharedOllama is the ollama persona with 4 slots at 1,000 prompt tokens/s
+// whose concurrent prefills share the engine (SharedPrefill, the lock).
+func sharedOllama() Config {
+	cfg := fast()
+	cfg.Engine = EngineOllama
+	cfg.Slots = 4
+	cfg.PrefillTokensPerSec = 1000
+	cfg.ContextSlowdown = -1
+	cfg.SharedPrefill = true
+	return cfg
 }
