@@ -278,12 +278,12 @@ func absOrEmpty(path string) (string, error) {
 
 // runProfiledServe runs serve with a CPU profile of the whole run written
 // to cpuPath when serve returns (after SIGTERM and the drain), and a heap
-// profile written to memPath, after a GC, each time SIGUSR1 arrives.
+// profile written to memPath, after a GC, each time bench.HeapSignal (SIGUSR1) arrives.
 // Either path may be empty.
 func runProfiledServe(cpuPath, memPath string, args []string, stderr io.Writer) error {
-	if memPath != "" {
+	if memPath != "" && bench.HeapSignal != nil {
 		sig := make(chan os.Signal, 1)
-		signal.Notify(sig, syscall.SIGUSR1)
+		signal.Notify(sig, bench.HeapSignal)
 		defer signal.Stop(sig)
 		go func() {
 			for range sig {

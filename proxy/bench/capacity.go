@@ -6,7 +6,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -191,8 +190,8 @@ func (b *runner) capacityWave(t *target, lv Level, w int, idle, heapIdle int64) 
 				announced = true
 				b.progress("  wave %d: all %d streams open after %v: proxy RSS %.1f MiB (idle %.1f MiB)", w, n, time.Since(t0).Round(time.Millisecond), mib(s.rss), mib(idle))
 				heapOpen = heapInuse(t)
-				if b.cfg.HeapProfile && w == capacityWaves && t.name == AnvilProxy {
-					_ = t.cmd.Process.Signal(syscall.SIGUSR1) // the child writes its heap profile
+				if b.cfg.HeapProfile && HeapSignal != nil && w == capacityWaves && t.name == AnvilProxy {
+					_ = t.cmd.Process.Signal(HeapSignal) // the child writes its heap profile
 				}
 			}
 		case <-finished:

@@ -12,6 +12,10 @@ import (
 	"unsafe"
 )
 
+// HeapSignal is the signal that makes an anvilproxy bench child write its
+// heap profile (bench --proxy-memprofile).
+var HeapSignal os.Signal = syscall.SIGUSR1
+
 // cpuTime returns the CPU time (user plus system) a process has used, all
 // its threads together, exited ones included, to the nanosecond: the
 // process CPU clock of clock_getcpuclockid(3). /proc/PID/stat's utime and

@@ -4,12 +4,17 @@ package bench
 
 import (
 	"errors"
+	"os"
 	"runtime"
 	"time"
 )
 
 // The process figures come from Linux's /proc and process CPU clocks;
 // elsewhere the bench runs and reports them as unknown.
+
+// HeapSignal is nil: the heap profile of the capacity run is Linux only,
+// as its memory figures are.
+var HeapSignal os.Signal
 
 var errNoProc = errors.New("bench: process CPU and memory figures need Linux")
 
