@@ -230,7 +230,9 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 	if len(r.slots) == 0 {
 		*r = newSlotReplay(cacheSlotCounts[i])
 	}
-	c.scratch.copyFrom(r)
+	// The replay is read as it stands unless a held request must be put
+	// in first: then on a copy (up to 20 KB, so only then).
+	view := r
 	if t.id != 0 && c.next != 0 {
 		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
 			h := &c.ring[id%reorderRing]
@@ -239,18 +241,22 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 				continue
 			}
 			if h.ran {
+				if view == r {
+					c.scratch.copyFrom(r)
+					view = &c.scratch
+				}
 				c.memo.begin()
-				c.scratch.put(c.scratch.pickWith(&h.chain, h.start, -1, &c.memo), &h.chain, h.tokens, h.end)
+				view.put(view.pickWith(&h.chain, h.start, -1, &c.memo), &h.chain, h.tokens, h.end)
 			}
 		}
 	}
 	c.memo.begin()
-	k := c.scratch.pickWith(&t.chain, t.start, -1, &c.memo)
-	c.learnPerByte(&c.scratch, k, t)
-	cached = c.cachedFrom(&c.scratch, k, t, &c.memo)
+	k := view.pickWith(&t.chain, t.start, -1, &c.memo)
+	c.learnPerByte(view, k, t)
+	cached = c.cachedFrom(view, k, t, &c.memo)
 	alt = cached
-	if len(c.scratch.slots) > 1 {
-		alt = c.cachedFrom(&c.scratch, c.scratch.pickWith(&t.chain, t.start, k, &c.memo), t, &c.memo)
+	if len(view.slots) > 1 {
+		alt = c.cachedFrom(view, view.pickWith(&t.chain, t.start, k, &c.memo), t, &c.memo)
 	}
 	return cached, alt, inFlight
 }

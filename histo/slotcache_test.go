@@ -178,6 +178,31 @@ func BenchmarkSlotCache(b *testing.B) {
 	}
 }
 
+// BenchmarkSlotCacheDistinct is the non-stream bench's shape: every
+// prompt distinct, so no pick stops early, and a learned count of 64 (64
+// clients at once), so the prediction reads the 64-slot replay.
+func BenchmarkSlotCacheDistinct(b *testing.B) {
+	var c slotCache
+	at := time.Unix(1000, 0)
+	bounds := slotBounds{lo: 64}
+	for i := range 256 {
+		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at,
+			chain: convChain(uint64(i), 1), tokens: 800})
+	}
+	chains := make([]prefix.Chain, 640)
+	for i := range chains {
+		chains[i] = convChain(uint64(1000+i), 1)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: at, end: at,
+			chain: chains[i%len(chains)], tokens: 800}
+		c.predict(&t, bounds)
+		c.record(t)
+	}
+}
+
 // pickByRule is ollama's rule as TestSlotPickOllamaRule states it, over
 // every slot: the reference for pickWith's memo and early stop.
 func pickByRule(r *slotReplay, ch *prefix.Chain, start time.Time, except int) int {
