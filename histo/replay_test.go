@@ -26,6 +26,13 @@ type replayTimeline struct {
 	Hint   int               `json:"engine_slots_hint"`
 	Raw    []json.RawMessage `json:"traces"`
 	Traces []proxy.Trace     `json:"-"`
+	// Calls is the order of the proxy's calls into the Recorder, where
+	// the capture has it (session 8 on): "first" (FirstOutput) or
+	// "record" (Record), by request ID.
+	Calls []struct {
+		Op string `json:"op"`
+		ID uint64 `json:"id"`
+	} `json:"calls"`
 	Truth  []struct {
 		ID      uint64  `json:"id"`
 		QueueMs float64 `json:"queue_ms"`
@@ -33,14 +40,38 @@ type replayTimeline struct {
 	LoadAverage string `json:"load_average"`
 }
 
-// replay feeds tl's Traces to a fresh Recorder as the proxy did: each
-// request's first output (the live table) when it came, each Record in the
-// captured order at its request's end.
+// replay feeds tl's Traces to a fresh Recorder as the proxy did. With the
+// captured calls it makes them in their order, so that the live table
+// holds at each Record what it held live; without (the captures before
+// session 8), each request's first output when its stamp came, each
+// Record in the captured order at its request's end.
 func replay(t *testing.T, tl *replayTimeline) *histo.Recorder {
 	t.Helper()
 	rec, err := histo.New(histo.Config{EngineSlots: tl.Hint}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(tl.Calls) > 0 {
+		byID := make(map[uint64]*proxy.Trace, len(tl.Traces))
+		for i := range tl.Traces {
+			byID[tl.Traces[i].ID] = &tl.Traces[i]
+		}
+		for _, c := range tl.Calls {
+			tr, ok := byID[c.ID]
+			if !ok {
+				t.Fatalf("%s: call %s for request %d, which has no Trace", tl.Name, c.Op, c.ID)
+			}
+			cp := *tr
+			switch c.Op {
+			case "first":
+				rec.FirstOutput(&cp)
+			case "record":
+				rec.Record(&cp)
+			default:
+				t.Fatalf("%s: unknown call %q", tl.Name, c.Op)
+			}
+		}
+		return rec
 	}
 	firsts := make([]*proxy.Trace, 0, len(tl.Traces))
 	for i := range tl.Traces {
