@@ -480,3 +480,35 @@ func trainSolo(r *Recorder) {
 		r.Record(&tr)
 	}
 }
+
+// TestBatchLockHolderAdmittedAfter: ollama's handlers race for the engine,
+// and a request admitted a fraction of a millisecond after another can take
+// the runner's lock first (ollama P=2, hint 2, a fresh proxy's first burst:
+// the proxy's 2nd request waited 105 ms for the 3rd's prefill, admitted
+// 0.1 ms after it). The one that waited had nobody counted in flight at its
+// admission, and ended first: the holder, still in flight at its Record, is
+// seen only by its live first output, and the live table was read only for
+// requests with more in flight at admission than recorded. Split as
+// unqueued, its queue is the holder's prefill.
+func TestBatchLockHolderAdmittedAfter(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 2})
+	for i := range 8 { // 1 ms per token, alone
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
+		r.Record(&tr)
+	}
+	base := 100000.0
+	w := served(base, base+1200, base+1300, 0) // admitted first, waited for h's prefill
+	h := served(base+0.1, base+600, base+5000, 1)
+	for i, tr := range []*proxy.Trace{&w, &h} {
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
+	}
+	r.FirstOutput(&h)
+	r.Record(&w)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.InDelta(t, 600, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the prefill of the request admitted after it", rq.Queue.Millis())
+	r.Record(&h)
+}
