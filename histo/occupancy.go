@@ -180,6 +180,13 @@ type occupancy struct {
 	lock   lockLearner
 	live   liveTable      // the requests in flight with their first output seen (lock-free; read under mu)
 	liveAt [sweepMax]live // scratch: liveAhead's
+	// coStarts are the starts under the lock of the requests in flight
+	// whose first output came within endTolerance after the placed one's
+	// (liveAhead): requests that took their slots with it and shared its
+	// batches (sharedStart).
+	coStarts [sweepMax]int64
+	liveCo   [sweepMax]live
+	nCo      int
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real
@@ -646,7 +653,7 @@ func (o *occupancy) scan(e occEntry, until int64) (m, mAdmit int, complete bool)
 		return 0, 0, false // the timeline does not reach back to e's admission
 	}
 	oneSlot := o.slots.effective() == 1
-	o.nPre = 0
+	o.nPre, o.nCo = 0, 0
 	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= until+int64(tailMargin) })
 	for i := range min(later, sweepMax) {
 		o.overlap(o.at(i), &e)

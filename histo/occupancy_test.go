@@ -512,3 +512,40 @@ func TestBatchLockHolderAdmittedAfter(t *testing.T) {
 	require.InDelta(t, 600, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the prefill of the request admitted after it", rq.Queue.Millis())
 	r.Record(&h)
 }
+
+// TestBatchLockSharedWithLive: on a fresh proxy (no lock learned) two
+// requests waited for a holder's prefill under ollama's lock, took their
+// slots together at its end and shared their batches, their first outputs
+// 1 ms apart; the first of them is recorded while the other and the holder
+// are in flight. Its prefill from the holder's end is twice its own
+// estimate (shared), and the one it shared with was seen only live, as a
+// first output after its own: its vote was none and it was split as
+// unqueued (ollama P=4, no hint, first burst: 0 ms for 275). The live
+// request whose first output came with its own and whose start under the
+// lock is the same took its slot with it (sharedStart).
+func TestBatchLockSharedWithLive(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 4})
+	for i := range 8 { // 1 ms per token, alone
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
+		r.Record(&tr)
+	}
+	base := 100000.0
+	h := served(base, base+600, base+9000, 0)
+	w1 := served(base+1, base+1800, base+1900, 1)
+	w2 := served(base+1.2, base+1801, base+5000, 2)
+	for i, tr := range []*proxy.Trace{&h, &w1, &w2} {
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
+	}
+	r.FirstOutput(&h)
+	r.FirstOutput(&w1)
+	r.FirstOutput(&w2)
+	r.Record(&w1)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.InDelta(t, 599, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the holder's prefill", rq.Queue.Millis())
+	r.Record(&w2)
+	r.Record(&h)
+}

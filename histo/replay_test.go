@@ -140,7 +140,7 @@ func TestReplayOllamaAbandoned(t *testing.T) {
 // replaySet replays every timeline the glob names and holds each slot
 // count's share of requests within max(25 ms, 10%) of the truth to bars.
 func replaySet(t *testing.T, glob string, bars map[int]float64) {
-	if g := os.Getenv("REPLAYGLOB"); g != "" {
+	if g := os.Getenv("REPLAYGLOB"); g != "" { // one capture to look at: REPLAYGLOB=testdata/ollama/x.json
 		glob = g
 	}
 	files, err := filepath.Glob(glob)
@@ -189,13 +189,14 @@ func replaySet(t *testing.T, glob string, bars map[int]float64) {
 // prefill), the engine's mutex race between requests that arrive within
 // a millisecond (which of them joins the first batch), and prefills that
 // ran twice their estimate on the loaded host (docs/queue-split.md
-// "Measured against ollama").
-var replayBars = map[int]float64{1: 1, 2: 0.9, 4: 0.9}
+// "Measured against ollama"). Session 9: 72 of 72, 182 of 192, 234 of
+// 256.
+var replayBars = map[int]float64{1: 1, 2: 0.92, 4: 0.9}
 
 // replayBarsLoaded is TestReplayOllamaLoaded's: the figures of session 8's
 // last merge (1 slot 512 of 522, 2 slots 335 of 384, 4 slots 750 of 896,
 // the agents' 8 conversations and the abandoned prefills included) less
-// about two points.
+// about two points. Session 9's: 512, 336 and 756.
 var replayBarsLoaded = map[int]float64{1: 0.96, 2: 0.85, 4: 0.81}
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
