@@ -137,8 +137,11 @@ func (r *Recorder) FirstOutput(tr *proxy.Trace) {
 // for the batch lock), and the number of them the proxy counted in flight
 // at e's admission that were served after e on a one-slot engine (their
 // first output after e's: sent together, they reached it in the other
-// order), which the caller takes off the requests ahead. Such a request
-// prefilled up to its first output from its own start under the lock,
+// order), which the caller takes off the requests ahead; and, on several
+// slots, the starts under the lock of those whose first output came within
+// endTolerance after e's (o.coStarts: they took their slots with e and
+// shared its batches, sharedStart). A request that prefilled during e's
+// wait did so up to its first output from its own start under the lock,
 // found as e's is (lockEnd, oldest first): requests that waited for the
 // same prefill took their slots together and do not wait for each other.
 // The caller holds o.mu.
@@ -147,7 +150,8 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		return 0
 	}
 	oneSlot := o.slots.effective() == 1
-	n := 0
+	n, nc := 0, 0
+	o.nCo = 0
 	// Newest first from e's own slot, stopping once every occupied slot
 	// was seen (the count may lag a writer: a first output arriving now
 	// came after e's and is behind it anyway).
@@ -163,6 +167,10 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		after := x.admittedAfter(&e)
 		if after && x.admit >= e.admit+int64(slotsOrderWindow) {
 			continue // admitted after e: not ahead, not counted in flight
+		}
+		if !oneSlot && x.first >= e.first && x.first <= e.first+int64(endTolerance) && x.arrive < e.arrive+int64(slotsOrderWindow) && nc < len(o.coStarts) {
+			o.liveCo[nc] = x // its start under the lock once the prefills are collected
+			nc++
 		}
 		if after {
 			// Admitted just after e, it may have reached the engine
@@ -203,5 +211,9 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = start, x.first, 0, 0
 		o.nPre++
 	}
+	for i, x := range o.liveCo[:nc] {
+		o.coStarts[i], _ = o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance), 0)
+	}
+	o.nCo = nc
 	return behind
 }

@@ -342,11 +342,20 @@ func (o *occupancy) joinedAt(end int64) bool {
 }
 
 // sharedStart reports whether a request prefilling during e's wait took
-// its slot at start too (its start under the lock). The caller holds
-// o.mu.
+// its slot at start too (its start under the lock), or one in flight whose
+// first output came with e's (liveAhead's coStarts: recorded after e, it
+// is seen only live, and on a fresh proxy's first burst the waiter that
+// shared its batches with it voted none and was split as unqueued; ollama
+// P=4, no hint: 0 ms for 275, TestBatchLockSharedWithLive). The caller
+// holds o.mu.
 func (o *occupancy) sharedStart(start int64) bool {
 	for i := range o.nPre {
 		if o.pre[0][i] == start {
+			return true
+		}
+	}
+	for i := range o.nCo {
+		if o.coStarts[i] == start {
 			return true
 		}
 	}

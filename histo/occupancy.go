@@ -180,6 +180,13 @@ type occupancy struct {
 	lock   lockLearner
 	live   liveTable      // the requests in flight with their first output seen (lock-free; read under mu)
 	liveAt [sweepMax]live // scratch: liveAhead's
+	// coStarts are the starts under the lock of the requests in flight
+	// whose first output came within endTolerance after the placed one's
+	// (liveAhead): requests that took their slots with it and shared its
+	// batches (sharedStart).
+	coStarts [sweepMax]int64
+	liveCo   [sweepMax]live
+	nCo      int
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real
@@ -287,11 +294,16 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	m, mAdmit, complete := o.scan(e, until)
 	// Requests in flight at admission that are not recorded yet end after
 	// this one: they are ahead, and still there, unless their first
-	// output, seen live, says the engine served them after it.
+	// output, seen live, says the engine served them after it. The live
+	// table is read whenever it holds a request: one admitted just after
+	// this one may have taken the engine's lock first (its handlers race),
+	// and this one, with nobody in flight at its admission, waited for its
+	// prefill. Read only when more were in flight at its admission than
+	// recorded (until session 9), the holder was not seen, and the waiter
+	// was split as unqueued (ollama, 2 slots: the proxy's 2nd request of a
+	// burst, 105 and 116 ms of queue read as 0; TestBatchLockHolderAdmittedAfter).
 	behind := 0
-	if complete && tr.InflightAtAdmit > mAdmit {
-		// Only a request admitted before it and not recorded yet can
-		// tell it more (the live table is not scanned otherwise).
+	if complete && (tr.InflightAtAdmit > mAdmit || o.live.n.Load() > 0) {
 		behind = o.liveAhead(e, tr.ID)
 	}
 	n := m + max(0, tr.InflightAtAdmit-mAdmit-behind)
@@ -641,7 +653,7 @@ func (o *occupancy) scan(e occEntry, until int64) (m, mAdmit int, complete bool)
 		return 0, 0, false // the timeline does not reach back to e's admission
 	}
 	oneSlot := o.slots.effective() == 1
-	o.nPre = 0
+	o.nPre, o.nCo = 0, 0
 	later := sort.Search(o.n, func(i int) bool { return o.at(i).release <= until+int64(tailMargin) })
 	for i := range min(later, sweepMax) {
 		o.overlap(o.at(i), &e)

@@ -480,3 +480,72 @@ func trainSolo(r *Recorder) {
 		r.Record(&tr)
 	}
 }
+
+// TestBatchLockHolderAdmittedAfter: ollama's handlers race for the engine,
+// and a request admitted a fraction of a millisecond after another can take
+// the runner's lock first (ollama P=2, hint 2, a fresh proxy's first burst:
+// the proxy's 2nd request waited 105 ms for the 3rd's prefill, admitted
+// 0.1 ms after it). The one that waited had nobody counted in flight at its
+// admission, and ended first: the holder, still in flight at its Record, is
+// seen only by its live first output, and the live table was read only for
+// requests with more in flight at admission than recorded. Split as
+// unqueued, its queue is the holder's prefill.
+func TestBatchLockHolderAdmittedAfter(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 2})
+	for i := range 8 { // 1 ms per token, alone
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
+		r.Record(&tr)
+	}
+	base := 100000.0
+	w := served(base, base+1200, base+1300, 0) // admitted first, waited for h's prefill
+	h := served(base+0.1, base+600, base+5000, 1)
+	for i, tr := range []*proxy.Trace{&w, &h} {
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
+	}
+	r.FirstOutput(&h)
+	r.Record(&w)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.InDelta(t, 600, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the prefill of the request admitted after it", rq.Queue.Millis())
+	r.Record(&h)
+}
+
+// TestBatchLockSharedWithLive: on a fresh proxy (no lock learned) two
+// requests waited for a holder's prefill under ollama's lock, took their
+// slots together at its end and shared their batches, their first outputs
+// 1 ms apart; the first of them is recorded while the other and the holder
+// are in flight. Its prefill from the holder's end is twice its own
+// estimate (shared), and the one it shared with was seen only live, as a
+// first output after its own: its vote was none and it was split as
+// unqueued (ollama P=4, no hint, first burst: 0 ms for 275). The live
+// request whose first output came with its own and whose start under the
+// lock is the same took its slot with it (sharedStart).
+func TestBatchLockSharedWithLive(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 4})
+	for i := range 8 { // 1 ms per token, alone
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
+		r.Record(&tr)
+	}
+	base := 100000.0
+	h := served(base, base+600, base+9000, 0)
+	w1 := served(base+1, base+1800, base+1900, 1)
+	w2 := served(base+1.2, base+1801, base+5000, 2)
+	for i, tr := range []*proxy.Trace{&h, &w1, &w2} {
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
+	}
+	r.FirstOutput(&h)
+	r.FirstOutput(&w1)
+	r.FirstOutput(&w2)
+	r.Record(&w1)
+	rq := r.Recent(1)[0]
+	require.Equal(t, SourceOccupancy, rq.QueueSource)
+	require.InDelta(t, 599, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the holder's prefill", rq.Queue.Millis())
+	r.Record(&w2)
+	r.Record(&h)
+}
