@@ -106,6 +106,7 @@ type loop struct {
 	streams    []*loopStream
 	free       []uint32 // unused slots of streams
 	active     int
+	ended      bool          // a stream ended since the last yield (poll)
 	gen        uint32        // the last registration's generation, so a stale event is ignored
 	tick       time.Duration // the deadline scan's period while streams are active
 	nextScan   time.Time
@@ -236,6 +237,15 @@ func (l *loop) poll(fd uintptr) bool {
 			}
 			l.dispatch(slot, uint32(l.evs[i].Pad), l.evs[i].Events)
 		}
+		if l.ended {
+			// Streams ended in this batch: their finish goroutines run
+			// now, on this P, not once the loop parks or another P
+			// steals them. The client's next request on each waits for
+			// its finish to start fasthttp's ServeConn (BENCHMARKS.md
+			// "Session 9": 130-220 µs p50, 800 µs p90 without this).
+			l.ended = false
+			runtime.Gosched()
+		}
 		if l.scanDue() || l.needsArm() {
 			return true
 		}
@@ -333,8 +343,22 @@ func (l *loop) start(s *loopStream) {
 		return
 	}
 	s.registered = true
-	// What the head's read took from the socket beyond the head is the
-	// body's first bytes: relayed before the socket is read.
+	// The body's first bytes the head's read took went out with the head
+	// (toLoop, early); what they said of the body's end is carried out
+	// here, where the stream can end.
+	if s.earlyErr != nil || s.earlyEnded {
+		_ = s.r.resp.CloseBodyStream()
+		s.c.giveReader()
+		if s.earlyErr != nil {
+			s.failUpstream(s.earlyErr)
+		} else {
+			s.endBody(s.earlyAt)
+		}
+		return
+	}
+	// What the head's read took from the socket beyond the head (with
+	// --inject-usage, which early leaves to the loop) is the body's first
+	// bytes: relayed before the socket is read.
 	// The loop reads the raw socket from now on: the connection's reader
 	// and fasthttp's body stream over it are done with, and the reader goes
 	// back to its pool, so a held stream keeps no 16 KiB of its own.
@@ -432,6 +456,14 @@ type loopStream struct {
 	sentLast   bool    // the last chunk went out (or is parked) with the data
 	registered bool
 	over       bool // done ran
+
+	// What early found in the body's first bytes, for start: the body
+	// ended in them (at earlyAt), or is broken (earlyErr). headErr: the
+	// head's write failed, for hijacked.
+	earlyEnded bool
+	earlyAt    time.Time
+	earlyErr   error
+	headErr    error
 
 	lastRead  time.Time
 	writeMark time.Time // the last client write progress, or when parking began
@@ -676,15 +708,20 @@ func (s *loopStream) frameData(out, data []byte, last bool) []byte {
 		}
 		return l.buf[start:end]
 	}
-	l.frame = l.frame[:0]
+	l.frame = appendFrame(l.frame[:0], out, last)
+	return l.frame
+}
+
+// appendFrame appends out as one chunk, and the last chunk if last, to b.
+func appendFrame(b, out []byte, last bool) []byte {
 	if len(out) > 0 {
-		l.frame = append(appendChunkSize(l.frame, len(out)), out...)
-		l.frame = append(l.frame, '\r', '\n')
+		b = append(appendChunkSize(b, len(out)), out...)
+		b = append(b, '\r', '\n')
 	}
 	if last {
-		l.frame = append(l.frame, lastChunk...)
+		b = append(b, lastChunk...)
 	}
-	return l.frame
+	return b
 }
 
 // send writes b to the client; what the socket does not take is parked
@@ -840,6 +877,7 @@ func (s *loopStream) done(ok bool) {
 	s.l.remove(s)
 	s.dropPark()
 	s.r.tr.ClientDone = time.Now()
+	s.l.ended = true
 	go s.finish(ok && s.keepAlive)
 }
 
@@ -952,14 +990,64 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	s.head = append(s.head, "\r\n"...)
 	r.endWatch() // the loop watches the client from now on
 	r.giveBuf()  // the loop reads into its own buffer: a held stream keeps no 16 KiB of its own
-	cc.detach()  // fasthttp's close after the hijack handler is ignored
+	s.early(cc)
+	cc.detach() // fasthttp's close after the hijack handler is ignored
 	p.hijack(ctx, s.hijacked, s.abandoned)
 	return true
 }
 
+// early writes the head, and with it the body's first bytes that the
+// head's read took from the engine's socket (the first event, as engines
+// send it with the head), in one write, on the handler's goroutine: the
+// first byte does not wait for the goroutine fasthttp starts for the
+// hijack to be scheduled, nor the first event for the loop to wake and
+// take the stream (issue 25, BENCHMARKS.md "Session 9"). In order: every
+// earlier response on the connection has left fasthttp's writer, as for
+// forwardInterim (flushEachResponse). Forward first, measure second: the
+// bytes are measured once written. With --inject-usage the body's bytes
+// are left to the loop, which filters them. A write that fails is
+// hijacked's to end (headErr).
+func (s *loopStream) early(cc net.Conn) {
+	r, c := s.r, s.c
+	var buf *[relayBufSize]byte
+	var data []byte
+	var t time.Time
+	if b := c.buffered(); b > 0 && !r.inject {
+		buf = relayBufs.Get().(*[relayBufSize]byte) // b <= upstreamBufSize == relayBufSize
+		raw := buf[:b]
+		_, _ = io.ReadFull(c.br, raw)
+		t = time.Now()
+		var ended bool
+		data, ended, s.earlyErr = s.decode(raw)
+		if ended && s.earlyErr == nil {
+			s.earlyEnded, s.earlyAt = true, t
+		}
+		if s.chunked {
+			last := s.earlyEnded
+			s.sentLast = last
+			s.head = appendFrame(s.head, data, last)
+		} else {
+			s.head = append(s.head, data...)
+		}
+	}
+	_ = cc.SetWriteDeadline(time.Now().Add(r.p.cfg.ClientWriteTimeout))
+	_, s.headErr = cc.Write(s.head)
+	_ = cc.SetWriteDeadline(time.Time{})
+	s.head = nil // not kept while the stream is held
+	if buf == nil {
+		return
+	}
+	if s.headErr == nil {
+		r.p.rec.ObserveRelay(time.Since(t))
+		r.measure(data, t)
+	}
+	relayBufs.Put(buf)
+}
+
 // abandoned ends a stream whose hijack fasthttp dropped (it closed the
-// client connection without running hijacked): nothing reached the
-// client, and the engine's connection is closed.
+// client connection without running hijacked): the client got the head
+// and the first bytes early wrote at most, without the body's end, and the
+// engine's connection is closed.
 func (s *loopStream) abandoned() {
 	_ = s.cc.Close() // fasthttp's close was the one detach ignored
 	s.r.fail(SideClient, ErrClientGone)
@@ -969,14 +1057,11 @@ func (s *loopStream) abandoned() {
 }
 
 // hijacked runs on the goroutine fasthttp starts for the hijacked
-// connection: it writes the head, takes what fasthttp had read from the
-// client beyond the request, and hands the stream to a loop.
+// connection: it takes what fasthttp had read from the client beyond the
+// request and hands the stream to a loop (the head is out already:
+// early).
 func (s *loopStream) hijacked(hjc net.Conn) {
-	_ = hjc.SetWriteDeadline(time.Now().Add(s.r.p.cfg.ClientWriteTimeout))
-	_, err := hjc.Write(s.head)
-	s.head = nil // not kept while the stream is held
-	_ = hjc.SetWriteDeadline(time.Time{})
-	if err != nil {
+	if s.headErr != nil { // early's write
 		s.r.fail(SideClient, ErrClientGone)
 		_ = s.c.Close()
 		s.r.tr.ClientDone = time.Now()
