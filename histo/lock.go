@@ -234,7 +234,7 @@ func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head
 	least := leastWait(point)
 	end, solo := o.lockEnd(e, start, least, point)
 	v := lockVote(o, e, start, end, solo, point, pr.est, pr.haveEst)
-	other := !lockable(head, end, least, pr.reported)
+	other := !lockable(head, end, least, e.first, pr.reported)
 	if other && v == lockHeld {
 		v = lockNone // its evidence is of an engine without the lock
 	}
@@ -277,10 +277,19 @@ func leastWait(point time.Duration) int64 {
 // least least before end: on a loaded host ollama's head leaves up to
 // ~150 ms before the first output it goes with (10 of 1,906 loaded
 // captures more than 10 ms), and end can be as little as least before
-// that first output.
-func lockable(head, end, least int64, reported bool) bool {
-	return !reported && (head < 0 || head >= end-least)
+// that first output. For the same reason a head that left more than
+// headWithFirst before the request's own first output is not ollama's: a
+// continuous-batching engine's (vLLM's, at admission) passed the first
+// test whenever the prefill it seemed to wait for was short (a review's
+// case: 49 ms of queue invented on a request admitted at once,
+// TestBatchLockNotFromAdmissionHead).
+func lockable(head, end, least, first int64, reported bool) bool {
+	return !reported && (head < 0 || head >= end-least && head >= first-int64(headWithFirst))
 }
+
+// headWithFirst is how long before its first output ollama's head may
+// leave: up to ~150 ms on a loaded host, with a margin.
+const headWithFirst = 250 * time.Millisecond
 
 // lockVote is e's evidence: it started at start without a lock, at end
 // with one.

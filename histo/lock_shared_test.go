@@ -106,3 +106,31 @@ func TestSlotWaitNotExplainedAwayUnderTheLock(t *testing.T) {
 	t.Logf("queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
 	require.InDelta(t, 129, rq.Queue.Millis(), 25, "queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
 }
+
+// TestBatchLockNotFromAdmissionHead: a continuous-batching engine that
+// sends its head at admission and reports no cached count (vLLM's
+// default). e's first output came with y's (the same engine step) while
+// a short prefill, x's, ran beside them: the shared-batch rule read a
+// lock that made e wait for x (49 ms of queue, a review's trace), where
+// the engine had started it at once. Its head, 649 ms before its first
+// output, is not ollama's (lockable).
+func TestBatchLockNotFromAdmissionHead(t *testing.T) {
+	r, _, _ := newTest(t, Config{EngineSlots: 4})
+	for i := range 8 { // 2,000 tokens in 100 ms, alone
+		tr := served(float64(i*10000), float64(i*10000+100), float64(i*10000+150), 0)
+		tr.Headers, tr.Prefix.Tracked = at(float64(i*10000)+0.5), true
+		r.Record(&tr)
+	}
+	x := served(100000, 100050, 160000, 0) // a long answer: still in flight
+	x.PromptTokens, x.Prefix.Tracked, x.ID, x.Headers = 1000, true, 100, at(100000.5)
+	e := served(100001, 100650, 100700, 1)
+	e.PromptTokens, e.Prefix.Tracked, e.ID, e.Headers = 6000, true, 101, at(100001.5)
+	y := served(100001.2, 100651, 160000, 2)
+	y.PromptTokens, y.Prefix.Tracked, y.ID, y.Headers = 6000, true, 102, at(100001.7)
+	r.FirstOutput(&x)
+	r.FirstOutput(&e)
+	r.FirstOutput(&y)
+	r.Record(&e)
+	rq := r.Recent(1)[0]
+	require.Less(t, rq.Queue.Millis(), 25.0, "queue %.1f ms (%s)", rq.Queue.Millis(), rq.QueueSource)
+}

@@ -348,7 +348,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// release is taken only from an engine whose evidence says it has no
 	// batch lock (lockable): under ollama's lock the same timeline is a
 	// request that waited for a slot, and the lock's rules judge it.
-	if j >= 0 && !lockable(o.rel(tr.Headers), ends[j], leastWait(pr.point), pr.reported) && o.prefillExplains(e, ends[j], pr.point) {
+	if j >= 0 && !lockable(o.rel(tr.Headers), ends[j], leastWait(pr.point), e.first, pr.reported) && o.prefillExplains(e, ends[j], pr.point) {
 		j, byPoint = -1, false
 	}
 	p.inferred = byPoint
