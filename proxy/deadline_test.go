@@ -238,6 +238,14 @@ func TestNonStreamWriteDeadlineChanges(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
 	get() // the connection's first request: the upstream connection is dialed
+	// Its clear, too, may come after the client read it: the count is taken
+	// once it stood still for 50 ms (it was one over 1 run in ~20).
+	for last, still := ln.changes.Load(), 0; still < 50; still++ {
+		time.Sleep(time.Millisecond)
+		if now := ln.changes.Load(); now != last {
+			last, still = now, 0
+		}
+	}
 	const n = 20
 	before := ln.changes.Load()
 	for range n {
