@@ -160,6 +160,11 @@ func (p *Proxy) recoverHandle(ctx *fasthttp.RequestCtx, r *relay) {
 		_ = c.Close()
 	}
 	p.release(r)
+	if r.headOut {
+		// The client has a head and maybe body bytes: a 500 now would be
+		// read as the body's rest or the next request's answer.
+		_ = ctx.Conn().Close()
+	}
 	ctx.Response.Reset()
 	row := &refusals[refuseInternal]
 	ctx.SetStatusCode(row.status)
@@ -270,7 +275,7 @@ func (r *relay) reusable() bool {
 func (r *relay) reset() {
 	r.req.Reset()
 	r.resp.Reset()
-	r.conn, r.clientHeader, r.trailers, r.serverClears = nil, nil, false, false
+	r.conn, r.clientHeader, r.trailers, r.serverClears, r.headOut = nil, nil, false, false, false
 	r.wdl.clear()
 	r.isSSE, r.ndjson = false, false
 	r.proto = sse.ProtocolUnknown

@@ -337,15 +337,9 @@ func (l *loop) start(s *loopStream) {
 	}
 	now := time.Now()
 	s.lastRead, s.writeMark = now, now
-	if !s.register(s.crc, syscall.EPOLLIN|syscall.EPOLLOUT|syscall.EPOLLRDHUP, sideClientBit) ||
-		!s.register(s.urc, syscall.EPOLLIN|syscall.EPOLLRDHUP, sideUpstreamBit) {
-		s.failUpstream(errors.New("epoll_ctl failed"))
-		return
-	}
-	s.registered = true
 	// The body's first bytes the head's read took went out with the head
 	// (toLoop, early); what they said of the body's end is carried out
-	// here, where the stream can end.
+	// here, where the stream can end, before its sockets are registered.
 	if s.earlyErr != nil || s.earlyEnded {
 		_ = s.r.resp.CloseBodyStream()
 		s.c.giveReader()
@@ -356,6 +350,12 @@ func (l *loop) start(s *loopStream) {
 		}
 		return
 	}
+	if !s.register(s.crc, syscall.EPOLLIN|syscall.EPOLLOUT|syscall.EPOLLRDHUP, sideClientBit) ||
+		!s.register(s.urc, syscall.EPOLLIN|syscall.EPOLLRDHUP, sideUpstreamBit) {
+		s.failUpstream(errors.New("epoll_ctl failed"))
+		return
+	}
+	s.registered = true
 	// What the head's read took from the socket beyond the head (with
 	// --inject-usage, which early leaves to the loop) is the body's first
 	// bytes: relayed before the socket is read.
@@ -439,7 +439,7 @@ type loopStream struct {
 	srv  *fasthttp.Server
 
 	urc, crc syscall.RawConn
-	head     []byte // the response head, written by the hijack handler
+	head     []byte // the response head, written by early, on the handler's goroutine
 	prefix   []byte // bytes fasthttp had read from the client beyond the request
 
 	mode      bodyMode
@@ -462,6 +462,7 @@ type loopStream struct {
 	// head's write failed, for hijacked.
 	earlyEnded bool
 	earlyAt    time.Time
+	earlyDone  time.Time // the early write that ended the body returned
 	earlyErr   error
 	headErr    error
 
@@ -877,6 +878,9 @@ func (s *loopStream) done(ok bool) {
 	s.l.remove(s)
 	s.dropPark()
 	s.r.tr.ClientDone = time.Now()
+	if !s.earlyDone.IsZero() {
+		s.r.tr.ClientDone = s.earlyDone // the whole body left with the head
+	}
 	s.l.ended = true
 	go s.finish(ok && s.keepAlive)
 }
@@ -1031,7 +1035,11 @@ func (s *loopStream) early(cc net.Conn) {
 		}
 	}
 	_ = cc.SetWriteDeadline(time.Now().Add(r.p.cfg.ClientWriteTimeout))
+	r.headOut = true
 	_, s.headErr = cc.Write(s.head)
+	if s.earlyEnded && s.headErr == nil {
+		s.earlyDone = time.Now() // the client's last byte: done stamps it, later, on the loop
+	}
 	_ = cc.SetWriteDeadline(time.Time{})
 	s.head = nil // not kept while the stream is held
 	if buf == nil {
@@ -1068,7 +1076,7 @@ func (s *loopStream) hijacked(hjc net.Conn) {
 		s.finish(false)
 		return
 	}
-	s.prefix = takeBuffered(hjc) // which leaves no read deadline, as the head's write left none
+	s.prefix = takeBuffered(hjc) // which leaves no read deadline, as early's write left none
 	nextLoop().add(s)
 }
 

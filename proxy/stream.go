@@ -38,6 +38,10 @@ type relay struct {
 	// the body, for the trailers copied at the end; nil without trailers.
 	clientHeader *fasthttp.ResponseHeader
 	buf          []byte
+	// headOut: the response head went out by the proxy's own write
+	// (loopStream.early), not fasthttp's: a panic after it must close the
+	// connection, not answer 500 after the bytes sent (recoverHandle).
+	headOut bool
 
 	// isSSE: the body is a stream measured event by event, which
 	// forces it chunked to the client, one write and flush per read:
