@@ -481,6 +481,18 @@ func trainSolo(r *Recorder) {
 	}
 }
 
+// trainPerToken records 8 requests of 600 prompt tokens, each alone, each
+// prefilled in 600 ms (1 ms per token), numbered as the proxy numbers them;
+// ollama reports no cached count and the prefix tracker saw no reuse.
+func trainPerToken(r *Recorder) {
+	for i := range 8 {
+		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
+		r.Record(&tr)
+	}
+}
+
 // TestBatchLockHolderAdmittedAfter: ollama's handlers race for the engine,
 // and a request admitted a fraction of a millisecond after another can take
 // the runner's lock first (ollama P=2, hint 2, a fresh proxy's first burst:
@@ -492,12 +504,7 @@ func trainSolo(r *Recorder) {
 // unqueued, its queue is the holder's prefill.
 func TestBatchLockHolderAdmittedAfter(t *testing.T) {
 	r, _, _ := newTest(t, Config{EngineSlots: 2})
-	for i := range 8 { // 1 ms per token, alone
-		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
-		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
-		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
-		r.Record(&tr)
-	}
+	trainPerToken(r)
 	base := 100000.0
 	w := served(base, base+1200, base+1300, 0) // admitted first, waited for h's prefill
 	h := served(base+0.1, base+600, base+5000, 1)
@@ -525,12 +532,7 @@ func TestBatchLockHolderAdmittedAfter(t *testing.T) {
 // lock is the same took its slot with it (sharedStart).
 func TestBatchLockSharedWithLive(t *testing.T) {
 	r, _, _ := newTest(t, Config{EngineSlots: 4})
-	for i := range 8 { // 1 ms per token, alone
-		tr := served(float64(i*10000), float64(i*10000+600), float64(i*10000+700), 0)
-		tr.PromptTokens, tr.Prefix.Tracked = 600, true // ollama reports no cached count; the prefix tracker saw no reuse
-		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(i+1), uint64(2*i+1), uint64(2*i+2)
-		r.Record(&tr)
-	}
+	trainPerToken(r)
 	base := 100000.0
 	h := served(base, base+600, base+9000, 0)
 	w1 := served(base+1, base+1800, base+1900, 1)

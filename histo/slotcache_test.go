@@ -157,41 +157,32 @@ func first(cached, _ int64, _ bool) int64 { return cached }
 // requests placed) and the placement in every replay, with every slot
 // holding a conversation.
 func BenchmarkSlotCache(b *testing.B) {
-	var c slotCache
-	at := time.Unix(1000, 0)
-	bounds := slotBounds{lo: 4}
-	for i := range 256 {
-		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at,
-			chain: convChain(uint64(i%80), i/80), tokens: 800})
-	}
-	chains := make([]prefix.Chain, 80*8)
-	for i := range chains {
-		chains[i] = convChain(uint64(i%80), 4+i/80)
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: at, end: at,
-			chain: chains[i%len(chains)], tokens: 800}
-		c.predict(&t, bounds)
-		c.record(t)
-	}
+	benchSlotCache(b, slotBounds{lo: 4},
+		func(i int) prefix.Chain { return convChain(uint64(i%80), i/80) },
+		func(i int) prefix.Chain { return convChain(uint64(i%80), 4+i/80) })
 }
 
 // BenchmarkSlotCacheDistinct is the non-stream bench's shape: every
 // prompt distinct, so no pick stops early, and a learned count of 64 (64
 // clients at once), so the prediction reads the 64-slot replay.
 func BenchmarkSlotCacheDistinct(b *testing.B) {
+	benchSlotCache(b, slotBounds{lo: 64},
+		func(i int) prefix.Chain { return convChain(uint64(i), 1) },
+		func(i int) prefix.Chain { return convChain(uint64(1000+i), 1) })
+}
+
+// benchSlotCache fills a slot cache with 256 requests of the prompts seed
+// gives, then predicts and records one per op, cycling through 640 of
+// next's.
+func benchSlotCache(b *testing.B, bounds slotBounds, seed, next func(int) prefix.Chain) {
 	var c slotCache
 	at := time.Unix(1000, 0)
-	bounds := slotBounds{lo: 64}
 	for i := range 256 {
-		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at,
-			chain: convChain(uint64(i), 1), tokens: 800})
+		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at, chain: seed(i), tokens: 800})
 	}
-	chains := make([]prefix.Chain, 640)
+	chains := make([]prefix.Chain, 80*8)
 	for i := range chains {
-		chains[i] = convChain(uint64(1000+i), 1)
+		chains[i] = next(i)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
