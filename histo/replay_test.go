@@ -56,6 +56,10 @@ func replay(t *testing.T, tl *replayTimeline) *histo.Recorder {
 		for i := range tl.Traces {
 			byID[tl.Traces[i].ID] = &tl.Traces[i]
 		}
+		// As the proxy makes them: at most one first output, before the
+		// request's one Record.
+		const first, recorded = 1, 2
+		seen := make(map[uint64]int, len(tl.Traces))
 		for _, c := range tl.Calls {
 			tr, ok := byID[c.ID]
 			if !ok {
@@ -64,12 +68,23 @@ func replay(t *testing.T, tl *replayTimeline) *histo.Recorder {
 			cp := *tr
 			switch c.Op {
 			case "first":
+				if seen[c.ID] != 0 {
+					t.Fatalf("%s: a first output of request %d after its first output or Record", tl.Name, c.ID)
+				}
+				seen[c.ID] = first
 				rec.FirstOutput(&cp)
 			case "record":
+				if seen[c.ID] == recorded {
+					t.Fatalf("%s: request %d recorded twice", tl.Name, c.ID)
+				}
+				seen[c.ID] = recorded
 				rec.Record(&cp)
 			default:
 				t.Fatalf("%s: unknown call %q", tl.Name, c.Op)
 			}
+		}
+		if len(seen) != len(byID) {
+			t.Fatalf("%s: calls for %d of its %d requests", tl.Name, len(seen), len(byID))
 		}
 		return rec
 	}
@@ -141,6 +156,7 @@ func TestReplayOllamaAbandoned(t *testing.T) {
 // count's share of requests within max(25 ms, 10%) of the truth to bars.
 func replaySet(t *testing.T, glob string, bars map[int]float64) {
 	if g := os.Getenv("REPLAYGLOB"); g != "" { // one capture to look at: REPLAYGLOB=testdata/ollama/x.json
+		t.Logf("REPLAYGLOB: %s replayed instead of %s; the bars of slot counts it lacks fail", g, glob)
 		glob = g
 	}
 	files, err := filepath.Glob(glob)

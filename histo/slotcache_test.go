@@ -153,9 +153,9 @@ func TestSlotCacheLearnsSlotCount(t *testing.T) {
 func first(cached, _ int64, _ bool) int64 { return cached }
 
 // BenchmarkSlotCache is Record's slot cache work for one request on a
-// per-slot engine: the prediction (the chosen replay copied, the held
-// requests placed) and the placement in every replay, with every slot
-// holding a conversation.
+// per-slot engine: the prediction (the held requests placed first, on a
+// copy of the chosen replay) and the placement in every replay, with
+// every slot holding a conversation.
 func BenchmarkSlotCache(b *testing.B) {
 	benchSlotCache(b, slotBounds{lo: 4},
 		func(i int) prefix.Chain { return convChain(uint64(i%80), i/80) },
