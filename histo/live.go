@@ -33,6 +33,7 @@ type liveSlot struct {
 	admit, arrive atomic.Int64  // t_admit and t_admit + connect, ns since liveTable.base
 	first         atomic.Int64  // its first output, ns since liveTable.base
 	admitSeq      atomic.Uint64 // proxy.Trace.AdmitSeq (0: none)
+	pt, pb        atomic.Int64  // its prefill's point estimate and first batch's share, ns (0: none; liveEstimate)
 }
 
 // liveWriting marks a slot a writer has claimed (no request's ID + 1).
@@ -50,6 +51,7 @@ type liveTable struct {
 type live struct {
 	admit, arrive, first int64
 	admitSeq             uint64 // the proxy's number of its admission (0: none)
+	pt, pb               int64  // as occEntry's: the estimates when it put its first output (0: none)
 }
 
 // admittedAfter reports whether x was admitted upstream after e: by the
@@ -72,8 +74,9 @@ func (x live) before(y live) bool {
 	return x.arrive < y.arrive
 }
 
-// put notes tr's first output. It does not allocate.
-func (l *liveTable) put(tr *proxy.Trace) {
+// put notes tr's first output, with its prefill's estimates pt and pb.
+// It does not allocate.
+func (l *liveTable) put(tr *proxy.Trace, pt, pb int64) {
 	s := &l.slots[tr.ID%liveRing]
 	old := s.id.Load()
 	for old == liveWriting || !s.id.CompareAndSwap(old, liveWriting) {
@@ -89,6 +92,8 @@ func (l *liveTable) put(tr *proxy.Trace) {
 	s.arrive.Store(int64(tr.Admit.Add(tr.Connect).Sub(l.base)))
 	s.first.Store(int64(tr.FirstOutput.Sub(l.base)))
 	s.admitSeq.Store(tr.AdmitSeq)
+	s.pt.Store(pt)
+	s.pb.Store(pb)
 	s.id.Store(tr.ID + 1)
 }
 
@@ -112,7 +117,7 @@ func (l *liveTable) read(i int, epoch time.Time, self uint64) (x live, occupied,
 	case liveWriting, self + 1:
 		return live{}, true, false
 	}
-	x = live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load(), admitSeq: s.admitSeq.Load()}
+	x = live{admit: s.admit.Load(), arrive: s.arrive.Load(), first: s.first.Load(), admitSeq: s.admitSeq.Load(), pt: s.pt.Load(), pb: s.pb.Load()}
 	if s.id.Load() != id {
 		return live{}, false, false
 	}
@@ -129,7 +134,29 @@ func (r *Recorder) FirstOutput(tr *proxy.Trace) {
 	if !tr.Route.Generates() || tr.Admit.IsZero() || tr.FirstOutput.IsZero() {
 		return
 	}
-	r.occ.live.put(tr)
+	pt, pb := r.liveEstimate(tr)
+	r.occ.live.put(tr, int64(pt), int64(pb))
+}
+
+// liveEstimate is the point estimate of tr's prefill and its first batch's
+// share as the split makes them at Record (prefillPoint, firstBatch), from
+// the cost model as it stands: its prompt sized from its body at the
+// learned tokens per byte, its usage not known yet (it comes at the
+// stream's end). Without them a prefill in flight could not be judged with
+// the others of its group (joinedFirstBatch).
+func (r *Recorder) liveEstimate(tr *proxy.Trace) (pt, pb time.Duration) {
+	rs := r.model.read()
+	if tr.PromptTokens >= 0 {
+		pt, _ = prefillPoint(tr, rs)
+		return pt, firstBatch(tr, rs, pt)
+	}
+	if rs.perByte <= 0 || tr.ReqBytes <= 0 {
+		return 0, 0
+	}
+	t := *tr
+	t.PromptTokens = int64(float64(tr.ReqBytes) * rs.perByte)
+	pt, _ = prefillPoint(&t, rs)
+	return pt, firstBatch(&t, rs, pt)
 }
 
 // liveAhead adds to the scan's collections what the requests in flight
@@ -207,12 +234,12 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if o.nPre == sweepMax {
 			break
 		}
-		start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance), 0)
-		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = start, x.first, 0, 0
+		start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first, pt: x.pt, pb: x.pb}, x.arrive, leastWait(time.Duration(x.pt)), time.Duration(x.pt))
+		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = start, x.first, x.pt, x.pb
 		o.nPre++
 	}
 	for i, x := range o.liveCo[:nc] {
-		o.coStarts[i], _ = o.lockEnd(occEntry{arrive: x.arrive, first: x.first}, x.arrive, int64(endTolerance), 0)
+		o.coStarts[i], _ = o.lockEnd(occEntry{arrive: x.arrive, first: x.first, pt: x.pt, pb: x.pb}, x.arrive, leastWait(time.Duration(x.pt)), time.Duration(x.pt))
 	}
 	o.nCo = nc
 	return behind

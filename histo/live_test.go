@@ -52,7 +52,7 @@ func TestLiveTableConcurrentPuts(t *testing.T) {
 			go func() {
 				defer both.Done()
 				start.Wait()
-				l.put(tr)
+				l.put(tr, 0, 0)
 			}()
 		}
 		start.Done()
@@ -75,7 +75,7 @@ func TestLiveSlotClaimed(t *testing.T) {
 	at := base.Add(time.Second)
 	l.slots[9].id.Store(liveWriting)
 	l.slots[9].first.Store(42)
-	l.put(&proxy.Trace{ID: 9, Admit: at, FirstOutput: at.Add(time.Millisecond)})
+	l.put(&proxy.Trace{ID: 9, Admit: at, FirstOutput: at.Add(time.Millisecond)}, 0, 0)
 	require.Equal(t, int64(42), l.slots[9].first.Load(), "the claimed slot's stamps are the writer's")
 	require.Zero(t, l.n.Load())
 	_, occupied, ok := l.read(9, base, 1<<40)
@@ -83,7 +83,7 @@ func TestLiveSlotClaimed(t *testing.T) {
 	require.False(t, ok, "being written: not read")
 
 	l.slots[9].id.Store(0)
-	l.put(&proxy.Trace{ID: 9, Admit: at, FirstOutput: at.Add(time.Millisecond)})
+	l.put(&proxy.Trace{ID: 9, Admit: at, FirstOutput: at.Add(time.Millisecond)}, 0, 0)
 	x, occupied, ok := l.read(9, base, 1<<40)
 	require.True(t, occupied && ok)
 	require.Equal(t, int64(time.Second+time.Millisecond), x.first)

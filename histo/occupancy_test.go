@@ -385,10 +385,15 @@ func TestOccupancyBeforeFirstRecorded(t *testing.T) {
 }
 
 // TestFirstOutputAllocs: the live first-output hook runs on the relay
-// path: no allocations.
+// path: no allocations, its prefill's estimates included (liveEstimate:
+// the prompt sized from its body while its usage is not known).
 func TestFirstOutputAllocs(t *testing.T) {
 	r, _, _ := newTest(t, Config{})
-	tr := monotonic(served(0, 100, 300, 0))
+	trainSolo(r)
+	tr := monotonic(served(100000, 100100, 100300, 0))
+	tr.PromptTokens, tr.ReqBytes, tr.Prefix.Tracked = -1, 8000, true
+	pt, _ := r.liveEstimate(&tr)
+	require.Positive(t, pt, "an estimate from the body's size")
 	require.Zero(t, testing.AllocsPerRun(500, func() { tr.ID++; r.FirstOutput(&tr) }))
 }
 
