@@ -498,6 +498,15 @@ func trainPerToken(r *Recorder) {
 	}
 }
 
+// burst600 gives trs, in their order of admission, trainPerToken's
+// 600-token prompts and the proxy's numbers from 100.
+func burst600(trs ...*proxy.Trace) {
+	for i, tr := range trs {
+		tr.PromptTokens, tr.Prefix.Tracked = 600, true
+		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
+	}
+}
+
 // TestBatchLockHolderAdmittedAfter: ollama's handlers race for the engine,
 // and a request admitted a fraction of a millisecond after another can take
 // the runner's lock first (ollama P=2, hint 2, a fresh proxy's first burst:
@@ -513,10 +522,7 @@ func TestBatchLockHolderAdmittedAfter(t *testing.T) {
 	base := 100000.0
 	w := served(base, base+1200, base+1300, 0) // admitted first, waited for h's prefill
 	h := served(base+0.1, base+600, base+5000, 1)
-	for i, tr := range []*proxy.Trace{&w, &h} {
-		tr.PromptTokens, tr.Prefix.Tracked = 600, true
-		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
-	}
+	burst600(&w, &h)
 	r.FirstOutput(&h)
 	r.Record(&w)
 	rq := r.Recent(1)[0]
@@ -542,10 +548,7 @@ func TestBatchLockSharedWithLive(t *testing.T) {
 	h := served(base, base+600, base+9000, 0)
 	w1 := served(base+1, base+1800, base+1900, 1)
 	w2 := served(base+1.2, base+1801, base+5000, 2)
-	for i, tr := range []*proxy.Trace{&h, &w1, &w2} {
-		tr.PromptTokens, tr.Prefix.Tracked = 600, true
-		tr.ID, tr.AdmitSeq, tr.ReleaseSeq = uint64(100+i), uint64(100+i), uint64(200+i)
-	}
+	burst600(&h, &w1, &w2)
 	r.FirstOutput(&h)
 	r.FirstOutput(&w1)
 	r.FirstOutput(&w2)
