@@ -355,8 +355,9 @@ func (o *occupancy) joinedAt(end int64) bool {
 // first output came with e's (liveAhead's coStarts: recorded after e, it
 // is seen only live, and on a fresh proxy's first burst the waiter that
 // shared its batches with it voted none and was split as unqueued; ollama
-// P=4, no hint: 0 ms for 275, TestBatchLockSharedWithLive). The caller
-// holds o.mu.
+// P=4, no hint: 0 ms for 275, TestBatchLockSharedWithLive; the partners
+// admitted after it, agents-p4-s8run02 and -s9run01/-02 request 2:
+// TestBatchLockSharedWithLiveAdmittedLater). The caller holds o.mu.
 func (o *occupancy) sharedStart(start int64) bool {
 	for i := range o.nPre {
 		if o.pre[0][i] == start {
