@@ -118,7 +118,7 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 			// the first one's end was waited for on the first's evidence.
 			slow := point > 0 && (float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack) ||
 				closer(e.first-f, e.first-start, point))
-			if startedFirst(s0, f, start, e.first) || s0 == start && alone && slow {
+			if startedFirst(s0, f, start, e.first) || s0 == start && (alone && slow || behindBatch(e, f, point)) {
 				start, moved, solo = f, true, solo && alone
 			}
 		}
@@ -198,6 +198,26 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
 	together := f-e.first <= int64(endTolerance) && e.first-f <= int64(endTolerance)
 	return together && e.pb == 0 && point > 0 && b < e.first-least
+}
+
+// behindBatch reports whether e, placed at the same start as a prefill
+// that ended at f, waited for that prefill's batches rather than sharing
+// them: e's prompt is one batch by its estimate point (e.pb 0), and its
+// first output came after f by at least the floor of its own prefill.
+// llamarunner puts up to engineBatch tokens of every prefilling slot into
+// each batch and samples a prompt's first token after the batch that ends
+// it, so a one-batch prompt that shared another's first batch has its
+// first output at that batch's end, no later than the other's; one that
+// came a whole prefill after did not begin with it (ollama P=4, agents:
+// four slots freed within 1 ms, two one-batch prompts taking the lock
+// together, the two others starting at their end, 144 ms later, and split
+// as if they had shared it; agents-p4-s8run06, requests 6 and 7). The
+// floor keeps a prompt the estimate puts in one batch but that had two
+// (its tokens cached by the proxy's reckoning, not in the engine's slot)
+// from being moved by the tail it prefilled after f (loaded agents-p4-s8full
+// request 24: 98 ms after its partner for a 200 ms estimate).
+func behindBatch(e occEntry, f int64, point time.Duration) bool {
+	return point > 0 && e.pb == 0 && float64(e.first-f) >= pointFloor*float64(point)-float64(pointSlack)
 }
 
 // soloPrefill reports whether a prefill from s0 to f, pt its point

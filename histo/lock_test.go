@@ -127,3 +127,35 @@ func TestJoinIsHeldVote(t *testing.T) {
 	require.Equal(t, ms(693), end, "start under the lock %.1f ms", float64(end)/1e6)
 	require.Equal(t, lockHeld, lockVote(&o, e, e.arrive, end, solo, point, 0, false))
 }
+
+// TestLockEndBehindBatch: four slots came free within 1 ms (ollama P=4,
+// agents-p4-s8run06); x1 and x2, one batch each, took the runner's lock
+// together and shared one batch (745.5–890.3 ms), and e, placed at the
+// same start, took its slot at their end: its one-batch prompt (35 ms by
+// its estimate) has its first output 103 ms after theirs, so it shared
+// none of their batches. It was taken for one that began with them, and
+// split 144 ms short. A prompt of two batches by its estimate, or one
+// whose first output came sooner after theirs than its prefill can take,
+// may have shared their first batch and stays.
+func TestLockEndBehindBatch(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	for _, c := range []struct {
+		name      string
+		first, pb float64
+		want      float64
+	}{
+		{"one batch, a prefill after theirs", 993.5, 0, 890.3},
+		{"two batches", 993.5, 30, 745.5},
+		{"one batch, its tail after theirs", 905, 0, 745.5}, // 14.7 ms after: under 0.6 of its 35 ms, less 5 ms
+	} {
+		var o occupancy
+		for i, p := range [][3]float64{{745.5, 890.1, 81.5}, {745.5, 890.3, 48.8}} {
+			o.pre[0][i], o.pre[1][i], o.pre[2][i] = ms(p[0]), ms(p[1]), ms(p[2])
+		}
+		o.nPre = 2
+		point := 35200 * time.Microsecond
+		e := occEntry{arrive: ms(208), first: ms(c.first), pb: ms(c.pb)}
+		end, _ := o.lockEnd(e, ms(745.5), leastWait(point), point)
+		require.Equal(t, ms(c.want), end, "%s: start under the lock %.1f ms", c.name, float64(end)/1e6)
+	}
+}
