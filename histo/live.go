@@ -239,6 +239,7 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		}
 		start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first, pt: x.pt, pb: x.pb}, x.arrive, leastWait(time.Duration(x.pt)), time.Duration(x.pt))
 		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = start, x.first, x.pt, x.pb
+		o.preLive[o.nPre] = true
 		o.nPre++
 	}
 	for i, x := range o.liveCo[:nc] {

@@ -173,3 +173,54 @@ func TestBatchLockSharedWithLiveAdmittedLater(t *testing.T) {
 		require.InDelta(t, 550, rq.Queue.Millis(), 25, "%s: queue %.1f ms: it waited for the holder's prefill", c.name, rq.Queue.Millis())
 	}
 }
+
+// BenchmarkRecordWithLive is Record in bursts under ollama's batch lock
+// on 4 slots: a holder and three requests that waited for its prefill,
+// the waiters recorded while the holder and the other waiters are in
+// flight. With their first outputs noted live, each of those Records
+// reads the live table and runs lockEnd once for each partner collected
+// from it, under the timeline's mutex; "unseen" is the same bursts without
+// (a Recorder fed by something other than the proxy). ns/record is the
+// cost per Record.
+func BenchmarkRecordWithLive(b *testing.B) {
+	for _, live := range []bool{true, false} {
+		name := "live"
+		if !live {
+			name = "unseen"
+		}
+		b.Run(name, func(b *testing.B) { benchRecordBursts(b, live) })
+	}
+}
+
+func benchRecordBursts(b *testing.B, live bool) {
+	r, _, _ := newTest(b, Config{EngineSlots: 4})
+	trainPerToken(r)
+	const n = 4 // the holder and three waiters
+	var trs [n]proxy.Trace
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		base := 100000 + float64(i)*10000
+		trs[0] = served(base, base+600, base+5000, 0)
+		for k := 1; k < n; k++ {
+			trs[k] = served(base+float64(k), base+1800+float64(k), base+1900+float64(k), k)
+		}
+		seq := uint64(100 + 2*n*i)
+		for k := range trs {
+			tr := &trs[k]
+			tr.PromptTokens, tr.Prefix.Tracked = 600, true
+			tr.ID, tr.AdmitSeq, tr.ReleaseSeq = seq+uint64(k), seq+uint64(k), seq+uint64(n+k)
+			if live {
+				r.FirstOutput(tr)
+			}
+		}
+		for k := 1; k < n; k++ {
+			r.Record(&trs[k])
+		}
+		r.Record(&trs[0])
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+	if q := r.Recent(2)[1].Queue.Millis(); live && (q < 570 || q > 630) {
+		b.Fatalf("the last waiter's queue %.1f ms, want its wait for the holder's prefill (600)", q)
+	}
+}

@@ -70,6 +70,7 @@ func (l *lockLearner) held() bool {
 func (o *occupancy) prefilling(x, e *occEntry) {
 	if x.occupies && x.pend > e.arrive && e.first >= 0 && x.lstart < e.first && x.pend > x.lstart && o.nPre < sweepMax {
 		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = x.lstart, x.pend, x.pt, x.pb
+		o.preLive[o.nPre] = false
 		o.nPre++
 	}
 }
@@ -156,7 +157,9 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 // that ran on alone is judged as the holder in its own turn), and counting it
 // made a joined group look solo or put its first batch's end a member's
 // batch late (loaded ollama P=4: TestJoinedFirstBatch "waiter in the start
-// window"). Without every member's estimate the group is not judged. The
+// window"). A recorded member without an estimate leaves the group
+// unjudged; one in flight whose first output carried none (its prompt not
+// sized yet) is left out of it, as it cannot be told from a waiter. The
 // caller holds o.mu.
 func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	s0, f, pb := o.pre[0][i], o.pre[1][i], o.pre[3][i]
@@ -173,6 +176,9 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 		}
 		pt, kb := o.pre[2][k], o.pre[3][k]
 		if pt <= 0 {
+			if o.preLive[k] {
+				continue
+			}
 			return 0, false
 		}
 		sum += pt

@@ -57,6 +57,25 @@ func TestJoinedFirstBatch(t *testing.T) {
 	}
 }
 
+// TestJoinedFirstBatchLiveWithoutEstimate: a member of the group still in
+// flight whose first output carried no estimate (its prompt not sized:
+// no body size, or nothing learned when it came) is left out of the
+// group's sums; a recorded member without one still leaves the group
+// unjudged (TestJoinedFirstBatch "member without estimate"). Before, the
+// live one did too, and the waiter that joined the slowed holder at its
+// first batch's end was placed at its end.
+func TestJoinedFirstBatchLiveWithoutEstimate(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	var o occupancy
+	for i, p := range [][4]float64{{591, 1027, 140, 102}, {592, 1026, 0, 0}} {
+		o.pre[0][i], o.pre[1][i], o.pre[2][i], o.pre[3][i] = ms(p[0]), ms(p[1]), ms(p[2]), ms(p[3])
+	}
+	o.nPre, o.preLive[1] = 2, true
+	end, ok := o.joinedFirstBatch(0, ms(590))
+	require.True(t, ok)
+	require.Equal(t, ms(693), end, "joined at %.1f ms", float64(end)/1e6)
+}
+
 // TestLockEndJudgedPerStep: e arrived with x1 and waited for its prefill
 // (0–100 ms); x2 took its slot at x1's end and prefilled alone to 200 ms;
 // e's first output at 230 ms is its 130 ms prefill from x1's end, which it

@@ -187,6 +187,9 @@ type occupancy struct {
 	coStarts [sweepMax]int64
 	liveCo   [sweepMax]live
 	nCo      int
+	// preLive marks the entries of pre that are requests in flight, seen
+	// by their live first outputs (liveAhead), not recorded ones.
+	preLive [sweepMax]bool
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real
