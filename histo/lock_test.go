@@ -154,8 +154,10 @@ func TestJoinIsHeldVote(t *testing.T) {
 // its estimate) has its first output 103 ms after theirs, so it shared
 // none of their batches. It was taken for one that began with them, and
 // split 144 ms short. A prompt of two batches by its estimate, or one
-// whose first output came sooner after theirs than its prefill can take,
-// may have shared their first batch and stays.
+// whose first output came less than a prefill of its own after theirs
+// (its tail; or, on an engine whose shared prefills end in their order of
+// size, the simulator's SharedPrefill, its share), may have shared their
+// first batch and stays.
 func TestLockEndBehindBatch(t *testing.T) {
 	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
 	for _, c := range []struct {
@@ -165,7 +167,9 @@ func TestLockEndBehindBatch(t *testing.T) {
 	}{
 		{"one batch, a prefill after theirs", 993.5, 0, 890.3},
 		{"two batches", 993.5, 30, 745.5},
-		{"one batch, its tail after theirs", 905, 0, 745.5}, // 14.7 ms after: under 0.6 of its 35 ms, less 5 ms
+		{"one batch, its tail after theirs", 905, 0, 745.5},     // 14.7 ms after: 0.42 of its 35 ms
+		{"one batch, shared by time", 915.6, 0, 745.5},          // 25.3 ms after: 0.72 of it, under 1/pointHigh
+		{"one batch, its estimate after theirs", 918, 0, 890.3}, // 27.7 ms after: 0.79 of it
 	} {
 		var o occupancy
 		for i, p := range [][3]float64{{745.5, 890.1, 81.5}, {745.5, 890.3, 48.8}} {
