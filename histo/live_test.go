@@ -142,7 +142,7 @@ func TestLiveAheadByAdmitSeq(t *testing.T) {
 // outputs came just before its own. The holder was the first request
 // recorded, with no estimate, so its prefill is not known to be solo and
 // the waiter's prefill from its end (shared) fits no estimate: without
-// its partners it voted none and was split as unqueued (0 ms for 110,
+// its partners it voted none and was split as unqueued (0 ms for 111,
 // 276, 214). A partner's admission says nothing of the batches it shared:
 // the start under the lock does, and a first output within endTolerance of
 // this one's either side; nor does the slot count before any evidence (1):

@@ -210,7 +210,8 @@ func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
 // that ended at f, waited for that prefill's batches rather than sharing
 // them: e's prompt is one batch by its estimate point (e.pb 0), and its
 // first output came after f by a whole prefill of its own, at least its
-// estimate's lower band (1/pointHigh of it).
+// estimate's lower band (1/pointHigh of it) and pointSlack, the relay's
+// jitter, as every band here.
 // llamarunner puts up to engineBatch tokens of every prefilling slot into
 // each batch and samples a prompt's first token after the batch that ends
 // it, so a one-batch prompt that shared another's first batch has its
@@ -229,7 +230,7 @@ func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
 // 0.46 and 0.72 of its estimate after the shorter's first output, placed
 // 65 ms late with the prefill floor, 0.6 of it less 5 ms, for the bound).
 func behindBatch(e occEntry, f int64, point time.Duration) bool {
-	return point > 0 && e.pb == 0 && float64(e.first-f) >= float64(point)/pointHigh
+	return point > 0 && e.pb == 0 && float64(e.first-f) >= float64(point)/pointHigh+float64(pointSlack)
 }
 
 // soloPrefill reports whether a prefill from s0 to f, pt its point
@@ -342,8 +343,8 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 		// (soloPrefill): it did not share their batches, and its prefill
 		// from its start without the lock is too long to be its own.
 		return lockHeld
-	case end > start && point > 0 && o.sharedStart(end) && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
-		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
+	case end > start && point > 0 && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
+		float64(gap) >= pointLow*float64(point)-float64(pointSlack) && o.sharedStart(end):
 		// It took its slot with others when that prefill ended: they
 		// share their batches (ollama decodes one batch of all their
 		// prompts' chunks on one thread), so its prefill from there is

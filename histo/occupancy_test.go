@@ -542,23 +542,26 @@ func TestBatchLockHolderAdmittedAfter(t *testing.T) {
 // only live as a first output after its own, its vote was none and it was
 // split as unqueued (ollama P=4, no hint, first burst: 0 ms for 275). The
 // live request whose first output came with its own and whose start under
-// the lock is the same took its slot with it (sharedStart).
+// the lock is the same took its slot with it (sharedStart). The same
+// holds with the right hint (--engine-slots 4).
 func TestBatchLockSharedWithLive(t *testing.T) {
-	r, _, _ := newTest(t, Config{})
-	trainPerToken(r)
-	base := 100000.0
-	h := served(base, base+1000, base+9000, 0)
-	w1 := served(base+1, base+2200, base+2300, 1)
-	w2 := served(base+1.2, base+2201, base+5000, 2)
-	burst600(&h, &w1, &w2)
-	h.PromptTokens = 500 // one batch: nobody joined it at a first batch's end
-	r.FirstOutput(&h)
-	r.FirstOutput(&w1)
-	r.FirstOutput(&w2)
-	r.Record(&w1)
-	rq := r.Recent(1)[0]
-	require.Equal(t, SourceOccupancy, rq.QueueSource)
-	require.InDelta(t, 999, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the holder's prefill", rq.Queue.Millis())
-	r.Record(&w2)
-	r.Record(&h)
+	for _, cfg := range []Config{{}, {EngineSlots: 4}} {
+		r, _, _ := newTest(t, cfg)
+		trainPerToken(r)
+		base := 100000.0
+		h := served(base, base+1000, base+9000, 0)
+		w1 := served(base+1, base+2200, base+2300, 1)
+		w2 := served(base+1.2, base+2201, base+5000, 2)
+		burst600(&h, &w1, &w2)
+		h.PromptTokens = 500 // one batch: nobody joined it at a first batch's end
+		r.FirstOutput(&h)
+		r.FirstOutput(&w1)
+		r.FirstOutput(&w2)
+		r.Record(&w1)
+		rq := r.Recent(1)[0]
+		require.Equal(t, SourceOccupancy, rq.QueueSource)
+		require.InDelta(t, 999, rq.Queue.Millis(), 25, "hint %d: queue %.1f ms: it waited for the holder's prefill", cfg.EngineSlots, rq.Queue.Millis())
+		r.Record(&w2)
+		r.Record(&h)
+	}
 }
