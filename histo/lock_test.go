@@ -169,7 +169,7 @@ func TestLockEndBehindBatch(t *testing.T) {
 		{"two batches", 993.5, 30, 745.5},
 		{"one batch, its tail after theirs", 905, 0, 745.5},     // 14.7 ms after: 0.42 of its 35 ms
 		{"one batch, shared by time", 915.6, 0, 745.5},          // 25.3 ms after: 0.72 of it, under 1/pointHigh
-		{"one batch, within the slack", 918, 0, 745.5},         // 27.7 ms after: 0.79 of it, under 1/pointHigh of it + 5 ms
+		{"one batch, within the slack", 918, 0, 745.5},          // 27.7 ms after: 0.79 of it, under 1/pointHigh of it + 5 ms
 		{"one batch, its estimate after theirs", 925, 0, 890.3}, // 34.7 ms after: 0.99 of it
 	} {
 		var o occupancy
