@@ -164,19 +164,26 @@ func (r *Recorder) liveEstimate(tr *proxy.Trace) (pt, pb time.Duration) {
 // for the batch lock), and the number of them the proxy counted in flight
 // at e's admission that were served after e on a one-slot engine (their
 // first output after e's: sent together, they reached it in the other
-// order), which the caller takes off the requests ahead; and, on several
-// slots, the starts under the lock of those whose first output came within
-// endTolerance after e's (o.coStarts: they took their slots with e and
-// shared its batches, sharedStart). A request that prefilled during e's
-// wait did so up to its first output from its own start under the lock,
-// found as e's is (lockEnd, oldest first): requests that waited for the
-// same prefill took their slots together and do not wait for each other.
+// order), which the caller takes off the requests ahead; and the starts
+// under the lock of those whose first output came within endTolerance of
+// e's, before or after it, whenever they were admitted (o.coStarts: they
+// took their slots with e and shared its batches, sharedStart; a first
+// burst's partners were admitted 6–55 ms after the waiter, and before any
+// evidence the slot count is 1, though two requests whose first outputs
+// came together, one still running, held two slots; not on an engine
+// declared one slot). A request that prefilled during e's wait did so up
+// to its first output from its own start under the lock, found as e's is
+// (lockEnd, oldest first): requests that waited for the same prefill took
+// their slots together and do not wait for each other.
 // The caller holds o.mu.
 func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 	if e.first < 0 {
 		return 0
 	}
 	oneSlot := o.slots.effective() == 1
+	// On an engine declared one slot, first outputs together are two
+	// one-token answers, not a shared batch.
+	declaredOne := o.slots.hint == 1
 	n, nc := 0, 0
 	o.nCo = 0
 	// Newest first from e's own slot, stopping once every occupied slot
@@ -191,13 +198,13 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if !ok || x.first < 0 {
 			continue
 		}
+		if !declaredOne && x.first >= e.first-int64(endTolerance) && x.first <= e.first+int64(endTolerance) && nc < len(o.coStarts) {
+			o.liveCo[nc] = x // its start under the lock once the prefills are collected
+			nc++
+		}
 		after := x.admittedAfter(&e)
 		if after && x.admit >= e.admit+int64(slotsOrderWindow) {
 			continue // admitted after e: not ahead, not counted in flight
-		}
-		if !oneSlot && x.first >= e.first && x.first <= e.first+int64(endTolerance) && x.arrive < e.arrive+int64(slotsOrderWindow) && nc < len(o.coStarts) {
-			o.liveCo[nc] = x // its start under the lock once the prefills are collected
-			nc++
 		}
 		if after {
 			// Admitted just after e, it may have reached the engine
@@ -234,13 +241,21 @@ func (o *occupancy) liveAhead(e occEntry, self uint64) (behind int) {
 		if o.nPre == sweepMax {
 			break
 		}
-		start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first, pt: x.pt, pb: x.pb}, x.arrive, leastWait(time.Duration(x.pt)), time.Duration(x.pt))
+		start := o.liveStart(x)
 		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = start, x.first, x.pt, x.pb
+		o.preLive[o.nPre] = true
 		o.nPre++
 	}
 	for i, x := range o.liveCo[:nc] {
-		o.coStarts[i], _ = o.lockEnd(occEntry{arrive: x.arrive, first: x.first, pt: x.pt, pb: x.pb}, x.arrive, leastWait(time.Duration(x.pt)), time.Duration(x.pt))
+		o.coStarts[i] = o.liveStart(x)
 	}
 	o.nCo = nc
 	return behind
+}
+
+// liveStart is x's start under the lock, found from its arrival as a
+// recorded request's is (lockEnd). The caller holds o.mu.
+func (o *occupancy) liveStart(x live) int64 {
+	start, _ := o.lockEnd(occEntry{arrive: x.arrive, first: x.first, pt: x.pt, pb: x.pb}, x.arrive, leastWait(time.Duration(x.pt)), time.Duration(x.pt))
+	return start
 }

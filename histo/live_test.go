@@ -131,3 +131,96 @@ func TestLiveAheadByAdmitSeq(t *testing.T) {
 		require.Equal(t, c.wantBehind, behind, c.name)
 	}
 }
+
+// TestBatchLockSharedWithLiveAdmittedLater: a fresh proxy's first burst
+// against ollama (P=4, no hint, agents-p4-s8run02 and -s9run01/-02,
+// request 2): the first request holds the runner's lock for its prefill,
+// and the next three, sent during it, take their slots together at its
+// end and share their batches, their first outputs within 2 ms of each
+// other. The proxy's 2nd is recorded while the 3rd and 4th are in flight;
+// they were admitted more than the order window after it, and their first
+// outputs came just before its own. The holder was the first request
+// recorded, with no estimate, so its prefill is not known to be solo and
+// the waiter's prefill from its end (shared) fits no estimate: without
+// its partners it voted none and was split as unqueued (0 ms for 111,
+// 276, 214). A partner's admission says nothing of the batches it shared:
+// the start under the lock does, and a first output within endTolerance of
+// this one's either side; nor does the slot count before any evidence (1):
+// two requests whose first outputs came together and one of which is
+// still running held two slots.
+func TestBatchLockSharedWithLiveAdmittedLater(t *testing.T) {
+	for _, c := range []struct {
+		name        string
+		firstOfLate float64 // the partners' first outputs, against the waiter's at 1800
+	}{
+		{"partners' first outputs before", 1798.5},
+		{"partners' first outputs after", 1801},
+	} {
+		r, _, _ := newTest(t, Config{})
+		h := served(0, 600, 1810, 0) // its stream ends just after w's first output, before w's end
+		w := served(50, 1800, 1900, 1)
+		p1 := served(60, c.firstOfLate, 2500, 2) // 10 ms after w: outside the order window
+		p2 := served(70, c.firstOfLate+0.5, 2600, 3)
+		burst600(&h, &w, &p1, &p2)
+		for _, tr := range []*proxy.Trace{&h, &p1, &p2} {
+			r.FirstOutput(tr)
+		}
+		r.Record(&h)
+		r.FirstOutput(&w)
+		r.Record(&w)
+		rq := r.Recent(1)[0]
+		require.Equal(t, SourceOccupancy, rq.QueueSource, c.name)
+		require.InDelta(t, 550, rq.Queue.Millis(), 25, "%s: queue %.1f ms: it waited for the holder's prefill", c.name, rq.Queue.Millis())
+	}
+}
+
+// BenchmarkRecordWithLive is Record in bursts under ollama's batch lock
+// on 4 slots: a holder and three requests that waited for its prefill,
+// the waiters recorded while the holder and the other waiters are in
+// flight. With their first outputs noted live, each of those Records
+// reads the live table and runs lockEnd once for each partner collected
+// from it, under the timeline's mutex; "unseen" is the same bursts without
+// (a Recorder fed by something other than the proxy). ns/record is the
+// cost per Record.
+func BenchmarkRecordWithLive(b *testing.B) {
+	for _, live := range []bool{true, false} {
+		name := "live"
+		if !live {
+			name = "unseen"
+		}
+		b.Run(name, func(b *testing.B) { benchRecordBursts(b, live) })
+	}
+}
+
+func benchRecordBursts(b *testing.B, live bool) {
+	r, _, _ := newTest(b, Config{EngineSlots: 4})
+	trainPerToken(r)
+	const n = 4 // the holder and three waiters
+	var trs [n]proxy.Trace
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		base := 100000 + float64(i)*10000
+		trs[0] = served(base, base+600, base+5000, 0)
+		for k := 1; k < n; k++ {
+			trs[k] = served(base+float64(k), base+1800+float64(k), base+1900+float64(k), k)
+		}
+		seq := uint64(100 + 2*n*i)
+		for k := range trs {
+			tr := &trs[k]
+			tr.PromptTokens, tr.Prefix.Tracked = 600, true
+			tr.ID, tr.AdmitSeq, tr.ReleaseSeq = seq+uint64(k), seq+uint64(k), seq+uint64(n+k)
+			if live {
+				r.FirstOutput(tr)
+			}
+		}
+		for k := 1; k < n; k++ {
+			r.Record(&trs[k])
+		}
+		r.Record(&trs[0])
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/record")
+	if q := r.Recent(2)[1].Queue.Millis(); live && (q < 570 || q > 630) {
+		b.Fatalf("the last waiter's queue %.1f ms, want its wait for the holder's prefill (600)", q)
+	}
+}

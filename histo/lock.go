@@ -70,6 +70,7 @@ func (l *lockLearner) held() bool {
 func (o *occupancy) prefilling(x, e *occEntry) {
 	if x.occupies && x.pend > e.arrive && e.first >= 0 && x.lstart < e.first && x.pend > x.lstart && o.nPre < sweepMax {
 		o.pre[0][o.nPre], o.pre[1][o.nPre], o.pre[2][o.nPre], o.pre[3][o.nPre] = x.lstart, x.pend, x.pt, x.pb
+		o.preLive[o.nPre] = false
 		o.nPre++
 	}
 }
@@ -118,7 +119,7 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 			// the first one's end was waited for on the first's evidence.
 			slow := point > 0 && (float64(e.first-start) >= pointApart*float64(point)+float64(pointSlack) ||
 				closer(e.first-f, e.first-start, point))
-			if startedFirst(s0, f, start, e.first) || s0 == start && alone && slow {
+			if startedFirst(s0, f, start, e.first) || s0 == start && (alone && slow || behindBatch(e, f, point)) {
 				start, moved, solo = f, true, solo && alone
 			}
 		}
@@ -156,7 +157,9 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 // that ran on alone is judged as the holder in its own turn), and counting it
 // made a joined group look solo or put its first batch's end a member's
 // batch late (loaded ollama P=4: TestJoinedFirstBatch "waiter in the start
-// window"). Without every member's estimate the group is not judged. The
+// window"). A recorded member without an estimate leaves the group
+// unjudged; one in flight whose first output carried none (its prompt not
+// sized yet) is left out of it, as it cannot be told from a waiter. The
 // caller holds o.mu.
 func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 	s0, f, pb := o.pre[0][i], o.pre[1][i], o.pre[3][i]
@@ -173,6 +176,9 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 		}
 		pt, kb := o.pre[2][k], o.pre[3][k]
 		if pt <= 0 {
+			if o.preLive[k] {
+				continue
+			}
 			return 0, false
 		}
 		sum += pt
@@ -198,6 +204,33 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
 	together := f-e.first <= int64(endTolerance) && e.first-f <= int64(endTolerance)
 	return together && e.pb == 0 && point > 0 && b < e.first-least
+}
+
+// behindBatch reports whether e, placed at the same start as a prefill
+// that ended at f, waited for that prefill's batches rather than sharing
+// them: e's prompt is one batch by its estimate point (e.pb 0), and its
+// first output came after f by a whole prefill of its own, at least its
+// estimate's lower band (1/pointHigh of it) and pointSlack, the relay's
+// jitter, as every band here.
+// llamarunner puts up to engineBatch tokens of every prefilling slot into
+// each batch and samples a prompt's first token after the batch that ends
+// it, so a one-batch prompt that shared another's first batch has its
+// first output at that batch's end, no later than the other's; one that
+// came a whole prefill after did not begin with it (ollama P=4, agents:
+// four slots freed within 1 ms, two one-batch prompts taking the lock
+// together, the two others starting at their end, 144 ms later, and split
+// as if they had shared it; agents-p4-s8run06, requests 6 and 7). The
+// band keeps what else comes a little after f unmoved: the tail of a
+// prompt the estimate puts in one batch but that had two (its tokens
+// cached by the proxy's reckoning, not in the engine's slot; loaded
+// agents-p4-s8full request 24: 98 ms after its partner for a 200 ms
+// estimate), and on an engine whose shared prefills end in their order of
+// size (the simulator's SharedPrefill, each taking Σ min(w, its w)) the
+// longer of two that began together (TestBatchLockAccuracy under load:
+// 0.46 and 0.72 of its estimate after the shorter's first output, placed
+// 65 ms late with the prefill floor, 0.6 of it less 5 ms, for the bound).
+func behindBatch(e occEntry, f int64, point time.Duration) bool {
+	return point > 0 && e.pb == 0 && float64(e.first-f) >= float64(point)/pointHigh+float64(pointSlack)
 }
 
 // soloPrefill reports whether a prefill from s0 to f, pt its point
@@ -310,8 +343,8 @@ func lockVote(o *occupancy, e occEntry, start, end int64, solo bool, point, est 
 		// (soloPrefill): it did not share their batches, and its prefill
 		// from its start without the lock is too long to be its own.
 		return lockHeld
-	case end > start && point > 0 && o.sharedStart(end) && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
-		float64(gap) >= pointLow*float64(point)-float64(pointSlack):
+	case end > start && point > 0 && float64(from) >= pointApart*float64(point)+float64(pointSlack) &&
+		float64(gap) >= pointLow*float64(point)-float64(pointSlack) && o.sharedStart(end):
 		// It took its slot with others when that prefill ended: they
 		// share their batches (ollama decodes one batch of all their
 		// prompts' chunks on one thread), so its prefill from there is
@@ -355,8 +388,9 @@ func (o *occupancy) joinedAt(end int64) bool {
 // first output came with e's (liveAhead's coStarts: recorded after e, it
 // is seen only live, and on a fresh proxy's first burst the waiter that
 // shared its batches with it voted none and was split as unqueued; ollama
-// P=4, no hint: 0 ms for 275, TestBatchLockSharedWithLive). The caller
-// holds o.mu.
+// P=4, no hint: 0 ms for 275, TestBatchLockSharedWithLive; the partners
+// admitted after it, agents-p4-s8run02 and -s9run01/-02 request 2:
+// TestBatchLockSharedWithLiveAdmittedLater). The caller holds o.mu.
 func (o *occupancy) sharedStart(start int64) bool {
 	for i := range o.nPre {
 		if o.pre[0][i] == start {

@@ -57,6 +57,25 @@ func TestJoinedFirstBatch(t *testing.T) {
 	}
 }
 
+// TestJoinedFirstBatchLiveWithoutEstimate: a member of the group still in
+// flight whose first output carried no estimate (its prompt not sized:
+// no body size, or nothing learned when it came) is left out of the
+// group's sums; a recorded member without one still leaves the group
+// unjudged (TestJoinedFirstBatch "member without estimate"). Before, the
+// live one did too, and the waiter that joined the slowed holder at its
+// first batch's end was placed at its end.
+func TestJoinedFirstBatchLiveWithoutEstimate(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	var o occupancy
+	for i, p := range [][4]float64{{591, 1027, 140, 102}, {592, 1026, 0, 0}} {
+		o.pre[0][i], o.pre[1][i], o.pre[2][i], o.pre[3][i] = ms(p[0]), ms(p[1]), ms(p[2]), ms(p[3])
+	}
+	o.nPre, o.preLive[1] = 2, true
+	end, ok := o.joinedFirstBatch(0, ms(590))
+	require.True(t, ok)
+	require.Equal(t, ms(693), end, "joined at %.1f ms", float64(end)/1e6)
+}
+
 // TestLockEndJudgedPerStep: e arrived with x1 and waited for its prefill
 // (0–100 ms); x2 took its slot at x1's end and prefilled alone to 200 ms;
 // e's first output at 230 ms is its 130 ms prefill from x1's end, which it
@@ -126,4 +145,41 @@ func TestJoinIsHeldVote(t *testing.T) {
 	end, solo := o.lockEnd(e, e.arrive, leastWait(point), point)
 	require.Equal(t, ms(693), end, "start under the lock %.1f ms", float64(end)/1e6)
 	require.Equal(t, lockHeld, lockVote(&o, e, e.arrive, end, solo, point, 0, false))
+}
+
+// TestLockEndBehindBatch: four slots came free within 1 ms (ollama P=4,
+// agents-p4-s8run06); x1 and x2, one batch each, took the runner's lock
+// together and shared one batch (745.5–890.3 ms), and e, placed at the
+// same start, took its slot at their end: its one-batch prompt (35 ms by
+// its estimate) has its first output 103 ms after theirs, so it shared
+// none of their batches. It was taken for one that began with them, and
+// split 144 ms short. A prompt of two batches by its estimate, or one
+// whose first output came less than a prefill of its own after theirs
+// (its tail; or, on an engine whose shared prefills end in their order of
+// size, the simulator's SharedPrefill, its share), may have shared their
+// first batch and stays.
+func TestLockEndBehindBatch(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	for _, c := range []struct {
+		name      string
+		first, pb float64
+		want      float64
+	}{
+		{"one batch, a prefill after theirs", 993.5, 0, 890.3},
+		{"two batches", 993.5, 30, 745.5},
+		{"one batch, its tail after theirs", 905, 0, 745.5},     // 14.7 ms after: 0.42 of its 35 ms
+		{"one batch, shared by time", 915.6, 0, 745.5},          // 25.3 ms after: 0.72 of it, under 1/pointHigh
+		{"one batch, within the slack", 918, 0, 745.5},          // 27.7 ms after: 0.79 of it, under 1/pointHigh of it + 5 ms
+		{"one batch, its estimate after theirs", 925, 0, 890.3}, // 34.7 ms after: 0.99 of it
+	} {
+		var o occupancy
+		for i, p := range [][3]float64{{745.5, 890.1, 81.5}, {745.5, 890.3, 48.8}} {
+			o.pre[0][i], o.pre[1][i], o.pre[2][i] = ms(p[0]), ms(p[1]), ms(p[2])
+		}
+		o.nPre = 2
+		point := 35200 * time.Microsecond
+		e := occEntry{arrive: ms(208), first: ms(c.first), pb: ms(c.pb)}
+		end, _ := o.lockEnd(e, ms(745.5), leastWait(point), point)
+		require.Equal(t, ms(c.want), end, "%s: start under the lock %.1f ms", c.name, float64(end)/1e6)
+	}
 }

@@ -181,12 +181,15 @@ type occupancy struct {
 	live   liveTable      // the requests in flight with their first output seen (lock-free; read under mu)
 	liveAt [sweepMax]live // scratch: liveAhead's
 	// coStarts are the starts under the lock of the requests in flight
-	// whose first output came within endTolerance after the placed one's
-	// (liveAhead): requests that took their slots with it and shared its
-	// batches (sharedStart).
+	// whose first output came within endTolerance of the placed one's,
+	// before or after it (liveAhead): requests that took their slots with
+	// it and shared its batches (sharedStart).
 	coStarts [sweepMax]int64
 	liveCo   [sweepMax]live
 	nCo      int
+	// preLive marks the entries of pre that are requests in flight, seen
+	// by their live first outputs (liveAhead), not recorded ones.
+	preLive [sweepMax]bool
 }
 
 // rel is t in nanoseconds since the epoch; absent is -1, never a real

@@ -531,31 +531,37 @@ func TestBatchLockHolderAdmittedAfter(t *testing.T) {
 	r.Record(&h)
 }
 
-// TestBatchLockSharedWithLive: on a fresh proxy (no lock learned) two
-// requests waited for a holder's prefill under ollama's lock, took their
-// slots together at its end and shared their batches, their first outputs
-// 1 ms apart; the first of them is recorded while the other and the holder
-// are in flight. Its prefill from the holder's end is twice its own
-// estimate (shared), and the one it shared with was seen only live, as a
-// first output after its own: its vote was none and it was split as
-// unqueued (ollama P=4, no hint, first burst: 0 ms for 275). The live
-// request whose first output came with its own and whose start under the
-// lock is the same took its slot with it (sharedStart).
+// TestBatchLockSharedWithLive: on a fresh proxy (no hint, no lock
+// learned) two requests waited for a holder's prefill under ollama's
+// lock, took their slots together at its end and shared their batches,
+// their first outputs 1 ms apart; the first of them is recorded while the
+// other and the holder are in flight. The holder's prefill (one batch) ran
+// past its estimate (1,000 ms for 500 ms: the host's load), so it is not known to
+// have run alone, and the waiter's prefill from its end (shared, twice its
+// own estimate) fits no estimate: without the one it shared with, seen
+// only live as a first output after its own, its vote was none and it was
+// split as unqueued (ollama P=4, no hint, first burst: 0 ms for 275). The
+// live request whose first output came with its own and whose start under
+// the lock is the same took its slot with it (sharedStart). The same
+// holds with the right hint (--engine-slots 4).
 func TestBatchLockSharedWithLive(t *testing.T) {
-	r, _, _ := newTest(t, Config{EngineSlots: 4})
-	trainPerToken(r)
-	base := 100000.0
-	h := served(base, base+600, base+9000, 0)
-	w1 := served(base+1, base+1800, base+1900, 1)
-	w2 := served(base+1.2, base+1801, base+5000, 2)
-	burst600(&h, &w1, &w2)
-	r.FirstOutput(&h)
-	r.FirstOutput(&w1)
-	r.FirstOutput(&w2)
-	r.Record(&w1)
-	rq := r.Recent(1)[0]
-	require.Equal(t, SourceOccupancy, rq.QueueSource)
-	require.InDelta(t, 599, rq.Queue.Millis(), 25, "queue %.1f ms: it waited for the holder's prefill", rq.Queue.Millis())
-	r.Record(&w2)
-	r.Record(&h)
+	for _, cfg := range []Config{{}, {EngineSlots: 4}} {
+		r, _, _ := newTest(t, cfg)
+		trainPerToken(r)
+		base := 100000.0
+		h := served(base, base+1000, base+9000, 0)
+		w1 := served(base+1, base+2200, base+2300, 1)
+		w2 := served(base+1.2, base+2201, base+5000, 2)
+		burst600(&h, &w1, &w2)
+		h.PromptTokens = 500 // one batch: nobody joined it at a first batch's end
+		r.FirstOutput(&h)
+		r.FirstOutput(&w1)
+		r.FirstOutput(&w2)
+		r.Record(&w1)
+		rq := r.Recent(1)[0]
+		require.Equal(t, SourceOccupancy, rq.QueueSource)
+		require.InDelta(t, 999, rq.Queue.Millis(), 25, "hint %d: queue %.1f ms: it waited for the holder's prefill", cfg.EngineSlots, rq.Queue.Millis())
+		r.Record(&w2)
+		r.Record(&h)
+	}
 }
