@@ -1016,7 +1016,21 @@ func (s *loopStream) early(cc net.Conn) {
 	var buf *[relayBufSize]byte
 	var data []byte
 	var t time.Time
-	if b := c.buffered(); b > 0 && !r.inject {
+	b := c.buffered()
+	if s.mode == bodyLength && s.left == 0 {
+		// Content-Length: 0 (an engine's empty stream): the body ended
+		// with the head, as the goroutine relay's first read finds; the
+		// loop must not wait for bytes of it. Bytes the head's read took
+		// beyond it keep the connection out of the pool.
+		s.dirty = b > 0
+		b = 0
+		s.earlyEnded, s.earlyAt = true, time.Now()
+		if s.chunked {
+			s.sentLast = true
+			s.head = append(s.head, lastChunk...)
+		}
+	}
+	if b > 0 && !r.inject {
 		buf = relayBufs.Get().(*[relayBufSize]byte) // b <= upstreamBufSize == relayBufSize
 		raw := buf[:b]
 		_, _ = io.ReadFull(c.br, raw)

@@ -43,6 +43,7 @@ type benchFlags struct {
 	events     int
 	gap        time.Duration
 	targets    string
+	baseBinary string
 	capacity   string
 	cpuProfile string
 	memProfile string
@@ -64,7 +65,8 @@ func (f *benchFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.SmallWorkers, "non-stream-clients", d.SmallWorkers, "closed-loop clients of the non-stream throughput test")
 	fs.IntVar(&c.SmallRounds, "non-stream-rounds", 0, fmt.Sprintf("interleaved rounds of the throughput test (default %d; --quick 2); -1 skips it", d.SmallRounds))
 	fs.DurationVar(&c.SmallCell, "non-stream-round", 0, fmt.Sprintf("length of one throughput round (default %v; --quick 500ms)", d.SmallCell))
-	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (serve as it runs by default: the event loop on Linux), anvilproxy-goroutine (serve --event-loop=false), floor (a Go epoll relay that measures nothing), floor-http (a fasthttp reverse proxy that measures nothing), nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&f.targets, "targets", "", "comma-separated targets to run besides direct: anvilproxy (serve as it runs by default: the event loop on Linux), anvilproxy-base (--base-binary's serve, run the same way; only with that flag), anvilproxy-goroutine (serve --event-loop=false), floor (a Go epoll relay that measures nothing), floor-http (a fasthttp reverse proxy that measures nothing), nginx, caddy, haproxy (default: all installed)")
+	fs.StringVar(&f.baseBinary, "base-binary", "", "also run FILE, another anvilproxy binary (e.g. built from an earlier commit), as the anvilproxy-base target: serve with the same flags as anvilproxy, in the same interleaved rounds, to A/B a change in one run")
 	fs.StringVar(&c.ProxyLogLevel, "proxy-log-level", d.ProxyLogLevel, "anvilproxy's --log-level; info (serve's default) logs one line per request")
 	fs.StringVar(&f.cpuProfile, "proxy-cpuprofile", "", "write a CPU profile of the anvilproxy child to FILE (go tool pprof FILE); costs the proxy a little CPU")
 	fs.Var(&f.proxyFlags, "proxy-flag", "pass one more flag to anvilproxy serve, e.g. --proxy-flag=--max-header-bytes=16384 (repeatable; the table's setup line lists them)")
@@ -164,6 +166,14 @@ func (f *benchFlags) setArgv(cfg *bench.Config, exe string) error {
 		cfg.HeapProfile = mem != ""
 	}
 	cfg.ProxyArgv = append(cfg.ProxyArgv, f.proxyFlags...)
+	cfg.BaseArgv = nil
+	if f.baseBinary != "" {
+		base, err := filepath.Abs(f.baseBinary) // the child runs in a temporary directory
+		if err != nil {
+			return err
+		}
+		cfg.BaseArgv = append([]string{base, "serve"}, f.proxyFlags...)
+	}
 	return nil
 }
 
@@ -207,6 +217,9 @@ func (f *benchFlags) config(fs *flag.FlagSet) (bench.Config, error) {
 	if f.targets != "" {
 		cfg.Targets = strings.Split(f.targets, ",")
 	}
+	if err := f.checkBase(); err != nil {
+		return cfg, err
+	}
 	if f.capacity != "" {
 		for _, part := range strings.Split(f.capacity, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(part))
@@ -218,6 +231,19 @@ func (f *benchFlags) config(fs *flag.FlagSet) (bench.Config, error) {
 	}
 	cfg.NoStreams = len(cfg.Capacity) > 0 && !set["streams"] && !set["quick"]
 	return cfg, nil
+}
+
+// checkBase fails, before any round runs, for a --base-binary that is
+// not an executable file (bench.Run fails for the anvilproxy-base target
+// asked for without one).
+func (f *benchFlags) checkBase() error {
+	if f.baseBinary == "" {
+		return nil
+	}
+	if err := bench.CheckBinary(f.baseBinary); err != nil {
+		return fmt.Errorf("--base-binary: %w", err)
+	}
+	return nil
 }
 
 // parseLevels reads "1,64,1000". A concurrency takes the events and gap

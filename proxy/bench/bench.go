@@ -81,6 +81,10 @@ type Config struct {
 	// AnvilGoroutine target), never profiled; the same flags are appended.
 	// Empty skips it.
 	GoroutineArgv []string
+	// BaseArgv runs "serve" of another anvilproxy binary (the AnvilBase
+	// target), with the same flags as ProxyArgv, never profiled. Empty
+	// leaves the target out.
+	BaseArgv []string
 	// FloorArgv runs the floor relay (RunFloorRelay); the bench appends
 	// its listen and upstream addresses. Empty skips the floor target.
 	FloorArgv []string
@@ -188,10 +192,35 @@ func (c *Config) validate() error {
 			return fmt.Errorf("bench: unknown target %q (known: %v)", t, allTargets)
 		}
 	}
+	if len(c.BaseArgv) == 0 {
+		if slices.Contains(c.Targets, AnvilBase) {
+			return fmt.Errorf("bench: target %s needs a base binary to run (--base-binary)", AnvilBase)
+		}
+		return nil
+	}
+	if err := CheckBinary(c.BaseArgv[0]); err != nil {
+		return fmt.Errorf("bench: base binary: %w", err)
+	}
 	return nil
 }
 
-var allTargets = []string{Direct, AnvilProxy, AnvilGoroutine, Floor, HTTPFloor, Nginx, Caddy, HAProxy}
+// CheckBinary fails for a path that is not an executable file: a base
+// binary is checked before any round runs, not when its target starts.
+func CheckBinary(path string) error {
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return err
+	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
+		return fmt.Errorf("%s is not an executable file", path)
+	}
+	return nil
+}
+
+// allTargets are the targets in the order every round visits them:
+// AnvilBase next to AnvilProxy, so that the two builds of an A/B run
+// under the same conditions.
+var allTargets = []string{Direct, AnvilProxy, AnvilBase, AnvilGoroutine, Floor, HTTPFloor, Nginx, Caddy, HAProxy}
 
 // anvilTargets are the targets that run this build: serve's default (the
 // event loop, on Linux) and the goroutine relay.
@@ -270,8 +299,32 @@ func (b *runner) progress(format string, args ...any) {
 	fmt.Fprintf(b.cfg.Progress, format+"\n", args...)
 }
 
+// wanted reports whether the run includes target name: every target
+// unless Targets lists some, but AnvilBase only with its binary.
 func (b *runner) wanted(name string) bool {
+	if name == AnvilBase && len(b.cfg.BaseArgv) == 0 {
+		return false
+	}
 	return name == Direct || len(b.cfg.Targets) == 0 || slices.Contains(b.cfg.Targets, name)
+}
+
+// ownArgv returns the command of a target the bench runs from a binary
+// it is given (anvilproxy's, the floors), and whether name is one; the
+// other proxies are looked up on PATH.
+func (b *runner) ownArgv(name string) ([]string, bool) {
+	switch name {
+	case AnvilProxy:
+		return b.cfg.ProxyArgv, true
+	case AnvilBase:
+		return b.cfg.BaseArgv, true
+	case AnvilGoroutine:
+		return b.cfg.GoroutineArgv, true
+	case Floor:
+		return b.cfg.FloorArgv, true
+	case HTTPFloor:
+		return b.cfg.HTTPFloorArgv, true
+	}
+	return nil, false
 }
 
 // startTargets starts every wanted proxy that is installed, noting those
@@ -286,6 +339,9 @@ func (b *runner) startTargets() {
 	starters := []starter{
 		{AnvilProxy, func(_, up string) (*target, error) {
 			return startAnvil(AnvilProxy, b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
+		}},
+		{AnvilBase, func(_, up string) (*target, error) {
+			return startBase(b.cfg.BaseArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
 		}},
 		{AnvilGoroutine, func(_, up string) (*target, error) {
 			return startAnvil(AnvilGoroutine, b.cfg.GoroutineArgv, up, b.dir, b.cfg.ProxyLogLevel, max(2*maxStreams(b.cfg), 4096))
@@ -303,22 +359,14 @@ func (b *runner) startTargets() {
 			continue
 		}
 		bin := ""
-		if (s.name == Floor && len(b.cfg.FloorArgv) == 0) || (s.name == HTTPFloor && len(b.cfg.HTTPFloorArgv) == 0) {
-			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
-			continue
-		}
-		if s.name == AnvilGoroutine && len(b.cfg.GoroutineArgv) == 0 {
-			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
-			continue
-		}
-		if s.name != AnvilProxy && s.name != AnvilGoroutine && s.name != Floor && s.name != HTTPFloor {
+		if argv, own := b.ownArgv(s.name); !own {
 			var err error
 			if bin, err = exec.LookPath(s.name); err != nil {
 				b.rep.addTarget(&target{name: s.name}, "not installed (scripts/install-comparison-proxies.sh installs it)")
 				b.progress("%s: not installed, skipped", s.name)
 				continue
 			}
-		} else if len(b.cfg.ProxyArgv) == 0 {
+		} else if len(argv) == 0 {
 			b.rep.addTarget(&target{name: s.name}, "no command given to run it")
 			continue
 		}

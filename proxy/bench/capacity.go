@@ -38,7 +38,7 @@ func (b *runner) capacity(asked int) error {
 	}
 	res := b.rep.newCapacity(asked, lv, b.cfg.CapacityRamp)
 	b.targets = b.targets[:0] // the stream test's, stopped and their cuts noted: only the capacity run's from here
-	for _, name := range []string{AnvilProxy, AnvilGoroutine, Nginx} {
+	for _, name := range []string{AnvilProxy, AnvilBase, AnvilGoroutine, Nginx} {
 		if !b.wanted(name) {
 			continue
 		}
@@ -69,16 +69,16 @@ func (b *runner) startCapacityTarget(name string, n int) (*target, error) {
 	}
 	var t *target
 	switch name {
-	case AnvilProxy:
-		if len(b.cfg.ProxyArgv) == 0 {
+	case AnvilProxy, AnvilGoroutine, AnvilBase:
+		argv, _ := b.ownArgv(name)
+		if len(argv) == 0 {
 			return nil, nil
 		}
-		t, err = startAnvil(name, b.cfg.ProxyArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
-	case AnvilGoroutine:
-		if len(b.cfg.GoroutineArgv) == 0 {
-			return nil, nil
+		if name == AnvilBase {
+			t, err = startBase(argv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
+		} else {
+			t, err = startAnvil(name, argv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
 		}
-		t, err = startAnvil(name, b.cfg.GoroutineArgv, up, b.dir, b.cfg.ProxyLogLevel, n+1024)
 	case Nginx:
 		bin, lerr := exec.LookPath(Nginx)
 		if lerr != nil {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"net"
@@ -26,7 +27,12 @@ const (
 	// build relaying each stream on its connection's goroutine, in the
 	// same rounds.
 	AnvilGoroutine = "anvilproxy-goroutine"
-	Floor          = "floor"
+	// AnvilBase is another anvilproxy binary (Config.BaseArgv, e.g. one
+	// built from an earlier commit) run as AnvilProxy runs this build, in
+	// the same rounds: an A/B of a change within one run. Only run when
+	// given.
+	AnvilBase = "anvilproxy-base"
+	Floor     = "floor"
 	// HTTPFloor is a fasthttp reverse proxy that measures nothing
 	// (RunHTTPFloor): the floor of the non-stream path on fasthttp.
 	HTTPFloor = "floor-http"
@@ -212,6 +218,42 @@ func startAnvil(name string, argv []string, upstream, dir, logLevel string, maxC
 		t.setup += "; also " + strings.Join(extra, " ")
 	}
 	return t, nil
+}
+
+// startBase runs the AnvilBase target: argv's binary as startAnvil runs
+// this build, named by the commit it was built from when its build info
+// says.
+func startBase(argv []string, upstream, dir, logLevel string, maxConns int) (*target, error) {
+	t, err := startAnvil(AnvilBase, argv, upstream, dir, logLevel, maxConns)
+	if err != nil {
+		return nil, err
+	}
+	t.version = binaryVersion(argv[0])
+	t.setup = "the base binary " + argv[0] + ", as anvilproxy: " + t.setup
+	return t, nil
+}
+
+// binaryVersion names the Go binary at path by the commit its build info
+// records (vcs.revision, "+dirty" when the tree was modified), else by
+// its file name.
+func binaryVersion(path string) string {
+	info, err := buildinfo.ReadFile(path)
+	if err != nil {
+		return filepath.Base(path)
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "+dirty"
+		}
+	}
+	if rev == "" {
+		return filepath.Base(path) + " (" + info.GoVersion + ")"
+	}
+	return rev + dirty
 }
 
 // serveFlags returns the flags argv passes to serve beyond the command
