@@ -80,7 +80,7 @@ type slotTurn struct {
 
 // cacheSlot is one modelled slot: the last sequence that ran in it, its
 // chain by reference (an entry of the slot cache's chainTable), with the
-// chain's identity: what a pick reads of every slot, 48 bytes, where a
+// chain's identity: what a pick reads of every slot, 32 bytes, where a
 // chain is 264 (the replays hold 242 slots, and mostly the same few
 // recent prompts).
 type cacheSlot struct {
@@ -89,8 +89,26 @@ type cacheSlot struct {
 	depth  int32  // with hash, the chain's identity (chainID), packed beside used
 	hash   uint64
 	tokens int64
-	end    time.Time
+	end    int64 // the holder's end, an instant
 }
+
+// slotEpoch is the origin of the instants the slots' ends are kept as
+// (instant): a pick compares 242 of them, where time.Time's After was
+// half its time.
+var slotEpoch = time.Now()
+
+// instant is t as nanoseconds from slotEpoch, ordered as t.After orders
+// times: by the monotonic clock when t has a reading (slotEpoch has
+// one), else by the wall clock (tests and captured timelines). Times
+// more than 292 years from slotEpoch, the zero time among them, saturate
+// to the extremes, before or after all others.
+// A placement converts its times once: 30 conversions, one per pick and
+// per slot written, were a fifth of its time.
+func instant(t time.Time) int64 { return int64(t.Sub(slotEpoch)) }
+
+// freeBy is the instant by which a slot's holder must have ended for the
+// slot to be free at start (freeSlack after it).
+func freeBy(start time.Time) int64 { return instant(start.Add(freeSlack)) }
 
 // id is the identity of s's chain.
 func (s *cacheSlot) id() chainID { return chainID{s.depth, s.hash} }
@@ -125,9 +143,9 @@ func newSlotReplay(n int) slotReplay {
 	return slotReplay{slots: make([]cacheSlot, n)}
 }
 
-// put leaves a sequence of chain ch in slot k, ch being the target tab
-// was begun for; a repeated prompt keeps its entry.
-func (r *slotReplay) put(tab *chainTable, k int, ch *prefix.Chain, tokens int64, end time.Time) {
+// put leaves a sequence of chain ch, ending at the instant end, in slot
+// k; a repeated prompt keeps its entry.
+func (r *slotReplay) put(tab *chainTable, k int, ch *prefix.Chain, tokens, end int64) {
 	s := &r.slots[k]
 	if id := idOf(ch); !s.used || s.id() != id {
 		e := tab.hold(ch)
@@ -274,17 +292,18 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 					view = &c.scratch
 				}
 				c.tab.begin(&h.chain)
-				view.put(&c.tab, view.pickWith(&c.tab, &h.chain, h.start, -1), &h.chain, h.tokens, h.end)
+				view.put(&c.tab, view.pickWith(&c.tab, &h.chain, freeBy(h.start), -1), &h.chain, h.tokens, instant(h.end))
 			}
 		}
 	}
 	c.tab.begin(&t.chain)
-	k := view.pickWith(&c.tab, &t.chain, t.start, -1)
+	free := freeBy(t.start)
+	k := view.pickWith(&c.tab, &t.chain, free, -1)
 	c.learnPerByte(view, k, t)
 	cached = c.cachedFrom(view, k, t)
 	alt = cached
 	if len(view.slots) > 1 {
-		alt = c.cachedFrom(view, view.pickWith(&c.tab, &t.chain, t.start, k), t)
+		alt = c.cachedFrom(view, view.pickWith(&c.tab, &t.chain, free, k), t)
 	}
 	if view != r {
 		c.scratch.clear(&c.tab)
@@ -313,12 +332,13 @@ func (c *slotCache) place(t *slotTurn) {
 	var picked [len(cacheSlotCounts)]int
 	var cached [len(cacheSlotCounts)]int64
 	c.tab.begin(&t.chain) // one target for all replays: their slots hold the same recent prompts
+	free, end := freeBy(t.start), instant(t.end)
 	for i := range c.replays {
 		r := &c.replays[i]
 		if len(r.slots) == 0 {
 			*r = newSlotReplay(cacheSlotCounts[i])
 		}
-		picked[i] = r.pickWith(&c.tab, &t.chain, t.start, -1)
+		picked[i] = r.pickWith(&c.tab, &t.chain, free, -1)
 		cached[i] = c.cachedFrom(r, picked[i], t)
 	}
 	if t.score && t.tokens > 0 {
@@ -330,7 +350,7 @@ func (c *slotCache) place(t *slotTurn) {
 		}
 	}
 	for i := range c.replays {
-		c.replays[i].put(&c.tab, picked[i], &t.chain, t.tokens, t.end)
+		c.replays[i].put(&c.tab, picked[i], &t.chain, t.tokens, end)
 	}
 }
 
@@ -386,16 +406,17 @@ func abs(x float64) float64 {
 // chains and begins ch as its target.
 func (r *slotReplay) pick(tab *chainTable, ch *prefix.Chain, start time.Time) int {
 	tab.begin(ch)
-	return r.pickWith(tab, ch, start, -1)
+	return r.pickWith(tab, ch, freeBy(start), -1)
 }
 
 // pickWith is pick without slot except (-1: none), which is where the
 // request goes when another took its slot first, for the target ch tab
-// was begun for. It stops where no later slot can share more: at a slot
+// was begun for, of the slots whose holders ended by the instant free
+// (freeBy its start). It stops where no later slot can share more: at a slot
 // that holds all of ch (the first to share that much wins), and at hi
 // (the rest are empty).
-func (r *slotReplay) pickWith(tab *chainTable, ch *prefix.Chain, start time.Time, except int) int {
-	best, longest, free := -1, int64(-2), start.Add(freeSlack)
+func (r *slotReplay) pickWith(tab *chainTable, ch *prefix.Chain, free int64, except int) int {
+	best, longest := -1, int64(-2)
 	first := -1 // while none is free: the one whose holder ended first
 	whole := ch.Tail[prefix.ChainEnds-1].Bytes
 	for k := range r.hi {
@@ -403,8 +424,8 @@ func (r *slotReplay) pickWith(tab *chainTable, ch *prefix.Chain, start time.Time
 		if k == except {
 			continue
 		}
-		if s.used && s.end.After(free) {
-			if best < 0 && (first < 0 || s.end.Before(r.slots[first].end)) {
+		if s.used && s.end > free {
+			if best < 0 && (first < 0 || s.end < r.slots[first].end) {
 				first = k
 			}
 			continue

@@ -45,15 +45,15 @@ func TestSlotPickOllamaRule(t *testing.T) {
 	var tab chainTable
 	r := newSlotReplay(3)
 	c0, c1 := convChain(1, 0), convChain(2, 0)
-	r.put(&tab, 0, &c0, 0, at)
-	r.put(&tab, 1, &c1, 0, at)
+	r.put(&tab, 0, &c0, 0, instant(at))
+	r.put(&tab, 1, &c1, 0, instant(at))
 	c2, c3 := convChain(2, 1), convChain(3, 0)
 	require.Equal(t, 1, r.pick(&tab, &c2, at), "its own previous turn")
 	require.Equal(t, 0, r.pick(&tab, &c3, at), "the system prompt ties: the lowest-numbered")
-	r.slots[0].end = at.Add(time.Second)
+	r.slots[0].end = instant(at.Add(time.Second))
 	require.Equal(t, 1, r.pick(&tab, &c3, at), "slot 0 is still busy")
-	r.slots[1].end = at.Add(time.Second / 2)
-	r.put(&tab, 2, &prefix.Chain{}, 0, at.Add(2*time.Second))
+	r.slots[1].end = instant(at.Add(time.Second / 2))
+	r.put(&tab, 2, &prefix.Chain{}, 0, instant(at.Add(2*time.Second)))
 	require.Equal(t, 1, r.pick(&tab, &c3, at), "none free: the first to end")
 	empty := newSlotReplay(3)
 	require.Equal(t, 0, empty.pick(&tab, &c3, at))
@@ -65,7 +65,7 @@ func TestSlotPickOllamaRule(t *testing.T) {
 func TestSlotCacheCounts(t *testing.T) {
 	var c slotCache
 	prev, ch := newSlotReplay(2), convChain(1, 0)
-	prev.put(&c.tab, 0, &ch, 200, time.Time{})
+	prev.put(&c.tab, 0, &ch, 200, instant(time.Time{}))
 	cachedFrom := func(k int, t *slotTurn) int64 {
 		c.tab.begin(&t.chain)
 		return c.cachedFrom(&prev, k, t)
@@ -163,7 +163,7 @@ func first(cached, _ int64, _ bool) int64 { return cached }
 // copy of the chosen replay) and the placement in every replay, with
 // every slot holding a conversation.
 func BenchmarkSlotCache(b *testing.B) {
-	benchSlotCache(b, slotBounds{lo: 4},
+	benchSlotCache(b, slotBounds{lo: 4}, 0,
 		func(i int) prefix.Chain { return convChain(uint64(i%80), i/80) },
 		func(i int) prefix.Chain { return convChain(uint64(i%80), 4+i/80) })
 }
@@ -172,19 +172,48 @@ func BenchmarkSlotCache(b *testing.B) {
 // prompt distinct, so no pick stops early, and a learned count of 64 (64
 // clients at once), so the prediction reads the 64-slot replay.
 func BenchmarkSlotCacheDistinct(b *testing.B) {
-	benchSlotCache(b, slotBounds{lo: 64},
+	benchSlotCache(b, slotBounds{lo: 64}, 0,
 		func(i int) prefix.Chain { return convChain(uint64(i), 1) },
 		func(i int) prefix.Chain { return convChain(uint64(1000+i), 1) })
 }
 
+// BenchmarkSlotCacheBusy is the two above's requests under load: each
+// starts while the 63 before it run (1 ms apart, 64 ms long), so the
+// replays' slots are all used and nearly all busy, and a pick reads
+// every slot (in BenchmarkSlotCache and BenchmarkSlotCacheDistinct every
+// slot is free at every start, and the replays hold one used slot: a
+// prompt that shares the system prompt only goes to the lowest-numbered).
+// Distinct prompts, and 80 conversations taking turns.
+func BenchmarkSlotCacheBusy(b *testing.B) {
+	b.Run("distinct", func(b *testing.B) {
+		benchSlotCache(b, slotBounds{lo: 64}, 64,
+			func(i int) prefix.Chain { return convChain(uint64(i), 1) },
+			func(i int) prefix.Chain { return convChain(uint64(1000+i), 1) })
+	})
+	b.Run("conversations", func(b *testing.B) {
+		benchSlotCache(b, slotBounds{lo: 4}, 64,
+			func(i int) prefix.Chain { return convChain(uint64(i%80), i/80) },
+			func(i int) prefix.Chain { return convChain(uint64(i%80), 4+i/80) })
+	})
+}
+
 // benchSlotCache fills a slot cache with 256 requests of the prompts seed
 // gives, then predicts and records one per op, cycling through 640 of
-// next's.
-func benchSlotCache(b *testing.B, bounds slotBounds, seed, next func(int) prefix.Chain) {
+// next's. Each request starts 1 ms after the previous one and lasts
+// inFlight ms (0: all start and end at once).
+func benchSlotCache(b *testing.B, bounds slotBounds, inFlight int, seed, next func(int) prefix.Chain) {
 	var c slotCache
 	at := time.Unix(1000, 0)
+	when := func(i int) (start, end time.Time) {
+		if inFlight == 0 {
+			return at, at
+		}
+		start = at.Add(time.Duration(i) * time.Millisecond)
+		return start, start.Add(time.Duration(inFlight) * time.Millisecond)
+	}
 	for i := range 256 {
-		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: at, end: at, chain: seed(i), tokens: 800})
+		start, end := when(i)
+		c.record(slotTurn{id: uint64(i + 1), held: true, ran: true, start: start, end: end, chain: seed(i), tokens: 800})
 	}
 	chains := make([]prefix.Chain, 80*8)
 	for i := range chains {
@@ -193,7 +222,8 @@ func benchSlotCache(b *testing.B, bounds slotBounds, seed, next func(int) prefix
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: at, end: at,
+		start, end := when(256 + i)
+		t := slotTurn{id: uint64(257 + i), held: true, ran: true, start: start, end: end,
 			chain: chains[i%len(chains)], tokens: 800}
 		c.predict(&t, bounds)
 		c.record(t)
@@ -205,7 +235,7 @@ func benchSlotCache(b *testing.B, bounds slotBounds, seed, next func(int) prefix
 func pickByRule(tab *chainTable, r *slotReplay, ch *prefix.Chain, start time.Time, except int) int {
 	best, longest := -1, int64(-2)
 	for k, s := range r.slots {
-		if k == except || s.used && s.end.After(start.Add(freeSlack)) {
+		if k == except || s.used && s.end > instant(start.Add(freeSlack)) {
 			continue
 		}
 		b := int64(-1)
@@ -220,7 +250,7 @@ func pickByRule(tab *chainTable, r *slotReplay, ch *prefix.Chain, start time.Tim
 		return best
 	}
 	for k, s := range r.slots {
-		if k != except && (best < 0 || s.end.Before(r.slots[best].end)) {
+		if k != except && (best < 0 || s.end < r.slots[best].end) {
 			best = k
 		}
 	}
@@ -245,7 +275,7 @@ func TestSlotPickMemo(t *testing.T) {
 				continue // an empty slot below a used one
 			}
 			ch := convChain(uint64((i+k)%7), (i*k)%5)
-			replays[i].put(&tab, k, &ch, 0, at.Add(time.Duration((i*31+k*17)%9-4)*time.Millisecond))
+			replays[i].put(&tab, k, &ch, 0, instant(at.Add(time.Duration((i*31+k*17)%9-4)*time.Millisecond)))
 		}
 	}
 	for conv := range uint64(8) {
@@ -255,7 +285,7 @@ func TestSlotPickMemo(t *testing.T) {
 			for i := range replays {
 				for _, except := range []int{-1, 0, 3} {
 					want := pickByRule(&tab, &replays[i], &ch, at, except)
-					require.Equal(t, want, replays[i].pickWith(&tab, &ch, at, except), "replay %d, conversation %d turn %d", i, conv, turn)
+					require.Equal(t, want, replays[i].pickWith(&tab, &ch, freeBy(at), except), "replay %d, conversation %d turn %d", i, conv, turn)
 				}
 			}
 		}
@@ -268,7 +298,7 @@ func TestSlotPickMemo(t *testing.T) {
 	require.NotEqual(t, ad, bd, "the two targets must share different depths with s")
 	tab = chainTable{}
 	r := newSlotReplay(1)
-	r.put(&tab, 0, &s, 0, at)
+	r.put(&tab, 0, &s, 0, instant(at))
 	tab.begin(&a)
 	tab.common(r.slots[0].entry, &a)
 	tab.stamp = ^uint32(0)
@@ -568,7 +598,7 @@ func (g *convGen) next() []prefix.Mark {
 // them, over random conversations that branch, repeat and switch slots
 // (requests overlapping, so that slots are busy), recorded out of their
 // admission order, some never, some unnumbered, some not run by the
-// engine, with the bounds varying: every prediction equal, and after
+// engine, with the bounds varying, on the wall clock and the monotonic: every prediction equal, and after
 // every fourth record the replays' slots, scores and the tokens per byte
 // equal.
 // The chain table's references are the slots' and the prediction's copy
@@ -581,6 +611,9 @@ func TestSlotCacheEquivalent(t *testing.T) {
 		rng := g.rng
 		rs := rates{any: true, fit: costFit{typical: 1e-4}}
 		at := time.Unix(1000, 0)
+		if seed%2 == 1 {
+			at = time.Now() // stamps with monotonic readings, as the proxy's
+		}
 		id := uint64(0)
 		var pending []slotTurn
 		for op := range 1500 {
@@ -646,7 +679,7 @@ func requireSameCache(t *testing.T, c *slotCache, ref *refCache, msgAndArgs ...a
 				continue
 			}
 			same := ws.used && k < r.hi && ws.chain == c.tab.chains[s.entry] && idOf(&ws.chain) == s.id() &&
-				ws.tokens == s.tokens && ws.end.Equal(s.end)
+				ws.tokens == s.tokens && instant(ws.end) == s.end
 			require.True(t, same, "replay %d slot %d: %v", i, k, msgAndArgs)
 			refs[s.entry]++
 		}
