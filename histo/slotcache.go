@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -97,9 +98,12 @@ type cacheSlot struct {
 // half its time.
 var slotEpoch = time.Now()
 
-// instant is t as nanoseconds from slotEpoch, ordered as t.After orders
-// times: by the monotonic clock when t has a reading (slotEpoch has
-// one), else by the wall clock (tests and captured timelines). Times
+// instant is t as nanoseconds from slotEpoch: by the monotonic clock
+// when t has a reading (slotEpoch has one), else by the wall clock (tests
+// and captured timelines). Instants order as t.After orders times only
+// when the stamps of one cache are alike, all monotonic or all wall (the
+// proxy's all come from time.Now): After reads the wall clock when either
+// lacks a reading, instant reads each stamp on its own. Times
 // more than 292 years from slotEpoch, the zero time among them, saturate
 // to the extremes, before or after all others.
 // A placement converts its times once: 30 conversions, one per pick and
@@ -164,7 +168,7 @@ func (r *slotReplay) copyFrom(tab *chainTable, o *slotReplay) {
 	r.slots, r.hi = append(r.slots[:0], o.slots...), o.hi
 	for k := range r.hi {
 		if r.slots[k].used {
-			tab.cells[r.slots[k].entry].refs++
+			tab.ref(r.slots[k].entry)
 		}
 	}
 }
@@ -399,24 +403,16 @@ func abs(x float64) float64 {
 	return x
 }
 
-// pick is the slot the engine gives a prompt with chain ch starting at
-// start, by ollama's rule: among the slots free then, the one sharing
-// the longest prefix, the lowest-numbered among equals, a used one before
-// an empty one when none shares a segment. A slot is free when its holder
-// ended by start; when none did by the proxy's clock, the one whose holder
-// ended first (it is the one the request waited for). tab holds r's
-// chains and begins ch as its target.
-func (r *slotReplay) pick(tab *chainTable, ch *prefix.Chain, start time.Time) int {
-	tab.begin(ch)
-	return r.pickWith(tab, ch, freeBy(start), -1)
-}
-
-// pickWith is pick without slot except (-1: none), which is where the
-// request goes when another took its slot first, for the target ch tab
-// was begun for, of the slots whose holders ended by the instant free
-// (freeBy its start). It stops where no later slot can share more: at a slot
-// that holds all of ch (the first to share that much wins), and at hi
-// (the rest are empty).
+// pickWith is the slot the engine gives a prompt with chain ch (the
+// target tab was begun for), by ollama's rule: among the slots free then,
+// the one sharing the longest prefix, the lowest-numbered among equals, a
+// used one before an empty one when none shares a segment. A slot is free
+// when its holder ended by the instant free (freeBy the request's start);
+// when none did by the proxy's clock, the one whose holder ended first (it
+// is the one the request waited for). except (-1: none) is left out: the
+// request goes elsewhere when another took its slot first. It stops where
+// no later slot can share more: at a slot that holds all of ch (the first
+// to share that much wins), and at hi (the rest are empty).
 func (r *slotReplay) pickWith(tab *chainTable, ch *prefix.Chain, free int64, except int) int {
 	best, longest := -1, int64(-2)
 	first := -1 // while none is free: the one whose holder ended first
@@ -567,7 +563,7 @@ func (t *chainTable) common(e uint16, ch *prefix.Chain) (depth int, bytes int64)
 	s := &t.chains[e]
 	d, b := prefix.Common(s, ch)
 	c.stamp, c.common, c.bytes = t.stamp, int32(d), b
-	if idOf(s) == t.target {
+	if idOf(s) == t.target { // found while comparing: hold reuses it, writing the chain once
 		t.same = int(e)
 	}
 	return d, b
@@ -584,9 +580,12 @@ func (t *chainTable) hold(ch *prefix.Chain) uint16 {
 			t.same = e
 		}
 	}
-	t.cells[e].refs++
+	t.ref(uint16(e))
 	return uint16(e)
 }
+
+// ref adds a reference to entry e.
+func (t *chainTable) ref(e uint16) { t.cells[e].refs++ }
 
 // alloc is a free entry holding ch, unreferenced yet, with no memo.
 func (t *chainTable) alloc(ch *prefix.Chain) int {
@@ -595,6 +594,9 @@ func (t *chainTable) alloc(ch *prefix.Chain) int {
 		e, t.free = int(t.free[n-1]), t.free[:n-1]
 	} else {
 		e = len(t.chains)
+		if e > math.MaxUint16 { // bounded far below (refs are at most 306): a bug, not load
+			panic("histo: slot cache chain table past 16 bits")
+		}
 		t.chains, t.cells = append(t.chains, prefix.Chain{}), append(t.cells, chainCell{})
 	}
 	t.chains[e], t.cells[e] = *ch, chainCell{}
@@ -605,5 +607,8 @@ func (t *chainTable) alloc(ch *prefix.Chain) int {
 func (t *chainTable) release(e uint16) {
 	if t.cells[e].refs--; t.cells[e].refs == 0 {
 		t.free = append(t.free, e)
+		if int(e) == t.same { // hold must not revive a freed entry
+			t.same = -1
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -308,8 +309,15 @@ func TestSlotPickMemo(t *testing.T) {
 	require.Equal(t, bd, got, "a stale memo survived the stamp's wrap")
 }
 
+// pick is pickWith for a prompt starting at start, with ch begun as
+// tab's target: the tests' entry point.
+func (r *slotReplay) pick(tab *chainTable, ch *prefix.Chain, start time.Time) int {
+	tab.begin(ch)
+	return r.pickWith(tab, ch, freeBy(start), -1)
+}
+
 // refCache is the slot cache as it was before its chain table (session
-// 11): each slot holding its chain inline, every pick comparing the
+// 11), frozen on purpose (it must not follow later edits of slotcache.go): each slot holding its chain inline, every pick comparing the
 // target with every free slot (pickByRule's loop), every count comparing
 // again. It is the reference TestSlotCacheEquivalent holds slotCache to:
 // the same picks, counts, scores and tokens per byte, in the same order.
@@ -666,31 +674,32 @@ func TestSlotCacheEquivalent(t *testing.T) {
 // tokens per byte, and c's chain table counts exactly its slots'
 // references. (Compared directly: require's reflection over 242 slots
 // after every record took most of a minute.)
-func requireSameCache(t *testing.T, c *slotCache, ref *refCache, msgAndArgs ...any) {
-	require.True(t, ref.next == c.next && ref.perByte == c.perByte, msgAndArgs...)
+func requireSameCache(t *testing.T, c *slotCache, ref *refCache, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	require.True(t, ref.next == c.next && ref.perByte == c.perByte, msg)
 	refs := make([]int, len(c.tab.chains))
 	for i := range c.replays {
 		r, w := &c.replays[i], &ref.replays[i]
-		require.True(t, w.score == r.score && len(w.slots) == len(r.slots), msgAndArgs...)
+		require.True(t, w.score == r.score && len(w.slots) == len(r.slots), msg)
 		for k, s := range r.slots {
 			ws := &w.slots[k]
 			if !s.used {
-				require.False(t, ws.used, msgAndArgs...)
+				require.False(t, ws.used, msg)
 				continue
 			}
 			same := ws.used && k < r.hi && ws.chain == c.tab.chains[s.entry] && idOf(&ws.chain) == s.id() &&
 				ws.tokens == s.tokens && instant(ws.end) == s.end
-			require.True(t, same, "replay %d slot %d: %v", i, k, msgAndArgs)
+			require.True(t, same, "replay %d slot %d: %s", i, k, msg)
 			refs[s.entry]++
 		}
 	}
-	require.Empty(t, c.scratch.slots, msgAndArgs...)
+	require.Empty(t, c.scratch.slots, msg)
 	free := 0
 	for e, n := range refs {
-		require.Equal(t, n, int(c.tab.cells[e].refs), msgAndArgs...)
+		require.Equal(t, n, int(c.tab.cells[e].refs), msg)
 		if n == 0 {
 			free++
 		}
 	}
-	require.Len(t, c.tab.free, free, msgAndArgs...)
+	require.Len(t, c.tab.free, free, msg)
 }
