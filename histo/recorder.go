@@ -235,8 +235,9 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	// admission (a shared prefix cache), is not replayed: its requests
 	// only go by in the slot cache's admission order. One whose head is
 	// not known yet is, so that the replay holds the first requests.
-	turn, perSlot := turnOf(tr, sp), r.perSlotCache(tr)
-	turn.ran = turn.ran && tr.CachedTokens < 0 && r.head.current() != HeadAdmission
+	head := r.head.current() // its lock once a request
+	turn, perSlot := turnOf(tr, sp), perSlotCache(tr, head)
+	turn.ran = turn.ran && tr.CachedTokens < 0 && head != HeadAdmission
 	inferred, slotCached := inferCached(tr, sp, rs), int64(0)
 	if perSlot {
 		cached, alt, inFlight := r.cache.predict(&turn, boundsOf(r.Slots()))
@@ -268,17 +269,18 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 }
 
 // perSlotCache reports whether tr's new tokens are the slot cache's
-// (slotcache.go) rather than the proxy's reuse: the engine reported no
-// cached tokens and its response head leaves late, at the slot's start
-// or with the first output, as only llama.cpp's and ollama's do among the
-// engines researched (docs/engines.md): they keep a cache per slot. vLLM,
-// SGLang and TGI, whose heads leave at admission, share one prefix cache
-// among all requests, which the proxy's reuse describes.
-func (r *Recorder) perSlotCache(tr *proxy.Trace) bool {
+// (slotcache.go) rather than the proxy's reuse, head being the learned
+// head mode: the engine reported no cached tokens and its response head
+// leaves late, at the slot's start or with the first output, as only
+// llama.cpp's and ollama's do among the engines researched
+// (docs/engines.md): they keep a cache per slot. vLLM, SGLang and TGI,
+// whose heads leave at admission, share one prefix cache among all
+// requests, which the proxy's reuse describes.
+func perSlotCache(tr *proxy.Trace, head string) bool {
 	if tr.CachedTokens >= 0 {
 		return false
 	}
-	switch r.head.current() {
+	switch head {
 	case HeadSlotStart, HeadFirstOutput:
 		return true
 	}

@@ -68,8 +68,13 @@ func (m *retryMetrics) observe(tr *proxy.Trace) {
 			m.gap.Observe(res.Gap.Seconds())
 		}
 	}
-	m.wastedPrompt.Add(float64(max(res.WastedPrompt, 0)))
-	m.wastedCompletion.Add(float64(max(res.WastedCompletion, 0)))
+	// Most attempts waste nothing: no atomic add of 0.
+	if res.WastedPrompt > 0 {
+		m.wastedPrompt.Add(float64(res.WastedPrompt))
+	}
+	if res.WastedCompletion > 0 {
+		m.wastedCompletion.Add(float64(res.WastedCompletion))
+	}
 }
 
 // amplificationGauge reads the tracker's rolling amplification.

@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -78,17 +79,40 @@ type slotTurn struct {
 	rs      rates
 }
 
-// cacheSlot is one modelled slot: the last sequence that ran in it, less
-// its chain (slotReplay.chains), with the chain's identity: what a pick
-// reads of every slot, 48 bytes, where a chain is 264 (the replays hold
-// 242 slots).
+// cacheSlot is one modelled slot: the last sequence that ran in it, its
+// chain by reference (an entry of the slot cache's chainTable), with the
+// chain's identity: what a pick reads of every slot, 32 bytes, where a
+// chain is 264 (the replays hold 242 slots, and mostly the same few
+// recent prompts).
 type cacheSlot struct {
 	used   bool
-	depth  int32 // with hash, the chain's identity (chainID), packed beside used
+	entry  uint16 // the chain's entry in the chainTable, when used
+	depth  int32  // with hash, the chain's identity (chainID), packed beside used
 	hash   uint64
 	tokens int64
-	end    time.Time
+	end    int64 // the holder's end, an instant
 }
+
+// slotEpoch is the origin of the instants the slots' ends are kept as
+// (instant): a pick compares 242 of them, where time.Time's After was
+// half its time.
+var slotEpoch = time.Now()
+
+// instant is t as nanoseconds from slotEpoch: by the monotonic clock
+// when t has a reading (slotEpoch has one), else by the wall clock (tests
+// and captured timelines). Instants order as t.After orders times only
+// when the stamps of one cache are alike, all monotonic or all wall (the
+// proxy's all come from time.Now): After reads the wall clock when either
+// lacks a reading, instant reads each stamp on its own. Times
+// more than 292 years from slotEpoch, the zero time among them, saturate
+// to the extremes, before or after all others.
+// A placement converts its times once: 30 conversions, one per pick and
+// per slot written, were a fifth of its time.
+func instant(t time.Time) int64 { return int64(t.Sub(slotEpoch)) }
+
+// freeBy is the instant by which a slot's holder must have ended for the
+// slot to be free at start (freeSlack after it).
+func freeBy(start time.Time) int64 { return instant(start.Add(freeSlack)) }
 
 // id is the identity of s's chain.
 func (s *cacheSlot) id() chainID { return chainID{s.depth, s.hash} }
@@ -106,31 +130,57 @@ func idOf(ch *prefix.Chain) chainID {
 	return chainID{int32(ch.Depth), ch.Tail[prefix.ChainEnds-1].Hash}
 }
 
-// slotReplay is the engine replayed with one slot count.
+// slotReplay is the engine replayed with one slot count. Its slots' chains
+// are entries of a chainTable, each slot holding a reference.
 type slotReplay struct {
-	slots  []cacheSlot
-	chains []prefix.Chain // chains[k] is slot k's prompt's
-	score  float64        // smoothed relative error of the prefills it predicts
+	slots []cacheSlot
+	// hi bounds the used slots: slots[hi:] are all empty. The engine
+	// gives an empty slot only when no used one is free, the
+	// lowest-numbered, so the used slots are the first ones and a pick
+	// stops at hi.
+	hi    int
+	score float64 // smoothed relative error of the prefills it predicts
 }
 
 // newSlotReplay is a replay of n empty slots.
 func newSlotReplay(n int) slotReplay {
-	return slotReplay{slots: make([]cacheSlot, n), chains: make([]prefix.Chain, n)}
+	return slotReplay{slots: make([]cacheSlot, n)}
 }
 
-// put leaves a sequence of chain ch in slot k; a repeated prompt's chain
-// is not copied again.
-func (r *slotReplay) put(k int, ch *prefix.Chain, tokens int64, end time.Time) {
+// put leaves a sequence of chain ch, ending at the instant end, in slot
+// k; a repeated prompt keeps its entry.
+func (r *slotReplay) put(tab *chainTable, k int, ch *prefix.Chain, tokens, end int64) {
 	s := &r.slots[k]
 	if id := idOf(ch); !s.used || s.id() != id {
-		s.depth, s.hash, r.chains[k] = id.depth, id.hash, *ch
+		e := tab.hold(ch)
+		if s.used {
+			tab.release(s.entry)
+		}
+		s.entry, s.depth, s.hash = e, id.depth, id.hash
 	}
 	s.used, s.tokens, s.end = true, tokens, end
+	r.hi = max(r.hi, k+1)
 }
 
-// copyFrom makes r a copy of o, reusing r's arrays.
-func (r *slotReplay) copyFrom(o *slotReplay) {
-	r.slots, r.chains = append(r.slots[:0], o.slots...), append(r.chains[:0], o.chains...)
+// copyFrom makes r a copy of o, reusing r's array; r must hold no
+// reference (new, or cleared).
+func (r *slotReplay) copyFrom(tab *chainTable, o *slotReplay) {
+	r.slots, r.hi = append(r.slots[:0], o.slots...), o.hi
+	for k := range r.hi {
+		if r.slots[k].used {
+			tab.ref(r.slots[k].entry)
+		}
+	}
+}
+
+// clear drops r's slots and their references.
+func (r *slotReplay) clear(tab *chainTable) {
+	for k := range r.hi {
+		if r.slots[k].used {
+			tab.release(r.slots[k].entry)
+		}
+	}
+	r.slots, r.hi = r.slots[:0], 0
 }
 
 // slotBounds are the slot counts the evidence allows: at least lo; exact
@@ -148,8 +198,9 @@ func boundsOf(s SlotsSection) slotBounds {
 
 // slotCache models an engine's per-slot prompt cache. It is safe for
 // concurrent use; its mutex is held for the placement of the requests a
-// Record releases (about a microsecond each with varied prompts in every
-// slot, BenchmarkSlotCache, prediction included: every replay), and it takes
+// Record releases (about half a microsecond each with every slot free,
+// BenchmarkSlotCache, and 1.2 µs with every slot used and nearly all
+// busy, BenchmarkSlotCacheBusy, prediction included: every replay), and it takes
 // the cost model's lock inside its own (never the other way).
 type slotCache struct {
 	mu      sync.Mutex
@@ -159,8 +210,8 @@ type slotCache struct {
 	// perByte is prompt tokens per canonical byte past a common prefix,
 	// learned from pairs of prompts that share one (0 before any).
 	perByte float64
-	scratch slotReplay // predict's copy of a replay
-	memo    commonMemo // the common prefixes of one pick's target
+	scratch slotReplay // predict's copy of a replay, cleared after
+	tab     chainTable // the chains the slots hold, and one target's common prefixes with them
 }
 
 // turnOf is tr's slotTurn: its slot start (the split's, else its arrival
@@ -231,7 +282,8 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 		*r = newSlotReplay(cacheSlotCounts[i])
 	}
 	// The replay is read as it stands unless a held request must be put
-	// in first: then on a copy (up to 20 KB, so only then).
+	// in first: then on a copy (up to 2 KB of slots and their references,
+	// so only then).
 	view := r
 	if t.id != 0 && c.next != 0 {
 		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
@@ -242,21 +294,25 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 			}
 			if h.ran {
 				if view == r {
-					c.scratch.copyFrom(r)
+					c.scratch.copyFrom(&c.tab, r)
 					view = &c.scratch
 				}
-				c.memo.begin()
-				view.put(view.pickWith(&h.chain, h.start, -1, &c.memo), &h.chain, h.tokens, h.end)
+				c.tab.begin(&h.chain)
+				view.put(&c.tab, view.pickWith(&c.tab, &h.chain, freeBy(h.start), -1), &h.chain, h.tokens, instant(h.end))
 			}
 		}
 	}
-	c.memo.begin()
-	k := view.pickWith(&t.chain, t.start, -1, &c.memo)
+	c.tab.begin(&t.chain)
+	free := freeBy(t.start)
+	k := view.pickWith(&c.tab, &t.chain, free, -1)
 	c.learnPerByte(view, k, t)
-	cached = c.cachedFrom(view, k, t, &c.memo)
+	cached = c.cachedFrom(view, k, t)
 	alt = cached
 	if len(view.slots) > 1 {
-		alt = c.cachedFrom(view, view.pickWith(&t.chain, t.start, k, &c.memo), t, &c.memo)
+		alt = c.cachedFrom(view, view.pickWith(&c.tab, &t.chain, free, k), t)
+	}
+	if view != r {
+		c.scratch.clear(&c.tab)
 	}
 	return cached, alt, inFlight
 }
@@ -281,14 +337,15 @@ func (c *slotCache) place(t *slotTurn) {
 	}
 	var picked [len(cacheSlotCounts)]int
 	var cached [len(cacheSlotCounts)]int64
-	c.memo.begin() // one target for all replays: their slots hold the same recent prompts
+	c.tab.begin(&t.chain) // one target for all replays: their slots hold the same recent prompts
+	free, end := freeBy(t.start), instant(t.end)
 	for i := range c.replays {
 		r := &c.replays[i]
 		if len(r.slots) == 0 {
 			*r = newSlotReplay(cacheSlotCounts[i])
 		}
-		picked[i] = r.pickWith(&t.chain, t.start, -1, &c.memo)
-		cached[i] = c.cachedFrom(r, picked[i], t, &c.memo)
+		picked[i] = r.pickWith(&c.tab, &t.chain, free, -1)
+		cached[i] = c.cachedFrom(r, picked[i], t)
 	}
 	if t.score && t.tokens > 0 {
 		if rs := t.rs; rs.any {
@@ -299,7 +356,7 @@ func (c *slotCache) place(t *slotTurn) {
 		}
 	}
 	for i := range c.replays {
-		c.replays[i].put(picked[i], &t.chain, t.tokens, t.end)
+		c.replays[i].put(&c.tab, picked[i], &t.chain, t.tokens, end)
 	}
 }
 
@@ -346,27 +403,29 @@ func abs(x float64) float64 {
 	return x
 }
 
-// pick is the slot the engine gives a prompt with chain ch starting at
-// start, by ollama's rule: among the slots free then, the one sharing
-// the longest prefix, the lowest-numbered among equals, a used one before
-// an empty one when none shares a segment. A slot is free when its holder ended by start; when none
-// did by the proxy's clock, the one whose holder ended first (it is the
-// one the request waited for).
-func (r *slotReplay) pick(ch *prefix.Chain, start time.Time) int {
-	return r.pickWith(ch, start, -1, nil)
-}
-
-// pickWith is pick without slot except (-1: none), which is where the
-// request goes when another took its slot first, reading the common
-// prefixes through m (nil: none), begun for ch.
-func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *commonMemo) int {
-	best, longest, free := -1, int64(-2), start.Add(freeSlack)
-	// No slot shares more than all of ch, and the first to share that
-	// much wins: a repeated prompt stops at its slot.
+// pickWith is the slot the engine gives a prompt with chain ch (the
+// target tab was begun for), by ollama's rule: among the slots free then,
+// the one sharing the longest prefix, the lowest-numbered among equals, a
+// used one before an empty one when none shares a segment. A slot is free
+// when its holder ended by the instant free (freeBy the request's start);
+// when none did by the proxy's clock, the one whose holder ended first (it
+// is the one the request waited for). except (-1: none) is left out: the
+// request goes elsewhere when another took its slot first. It stops where
+// no later slot can share more: at a slot that holds all of ch (the first
+// to share that much wins), and at hi (the rest are empty).
+func (r *slotReplay) pickWith(tab *chainTable, ch *prefix.Chain, free int64, except int) int {
+	best, longest := -1, int64(-2)
+	first := -1 // while none is free: the one whose holder ended first
 	whole := ch.Tail[prefix.ChainEnds-1].Bytes
-	for k := range r.slots {
+	for k := range r.hi {
 		s := &r.slots[k]
-		if k == except || s.used && s.end.After(free) {
+		if k == except {
+			continue
+		}
+		if s.used && s.end > free {
+			if best < 0 && (first < 0 || s.end < r.slots[first].end) {
+				first = k
+			}
 			continue
 		}
 		// Any prompt of the model shares its first tokens (BOS, the
@@ -374,7 +433,7 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 		// used slot above an empty one (-1).
 		b := int64(-1)
 		if s.used {
-			_, b = m.common(s.id(), &r.chains[k], ch)
+			_, b = tab.common(s.entry, ch)
 		}
 		if b > longest {
 			best, longest = k, b
@@ -386,13 +445,12 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 	if best >= 0 {
 		return best
 	}
-	best = -1
-	for k := range r.slots {
-		if k != except && (best < 0 || r.slots[k].end.Before(r.slots[best].end)) {
-			best = k
+	for k := r.hi; k < len(r.slots); k++ { // none free below hi: the first empty one
+		if k != except {
+			return k
 		}
 	}
-	return max(best, 0)
+	return max(first, 0)
 }
 
 // cachedFrom is the prompt tokens of t that slot k's sequence serves: its
@@ -401,14 +459,13 @@ func (r *slotReplay) pickWith(ch *prefix.Chain, start time.Time, except int, m *
 // token when t is a prefix of it (the engine leaves one to sample), else
 // t's tokens less its bytes past the common prefix at the learned tokens
 // per byte (the chat template's fixed tokens stay with the shared part),
-// never more than either prompt. It reads the common prefix through m
-// (nil: none), begun for t's chain.
-func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn, m *commonMemo) int64 {
+// never more than either prompt. c.tab must be begun for t's chain.
+func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn) int64 {
 	s := &r.slots[k]
 	if !s.used || t.tokens <= 0 {
 		return 0
 	}
-	d, common := m.common(s.id(), &r.chains[k], &t.chain)
+	d, common := c.tab.common(s.entry, &t.chain)
 	switch {
 	case d == 0:
 		return 0
@@ -431,16 +488,16 @@ func (c *slotCache) cachedFrom(r *slotReplay, k int, t *slotTurn, m *commonMemo)
 
 // learnPerByte follows the tokens per byte past the common prefix of s's
 // prompt and t's, smoothed, when they share one and their sizes differ
-// enough to tell.
+// enough to tell. c.tab must be begun for t's chain.
 func (c *slotCache) learnPerByte(r *slotReplay, k int, t *slotTurn) {
-	s, sc := &r.slots[k], &r.chains[k]
+	s := &r.slots[k]
 	if !s.used || s.tokens <= 0 {
 		return
 	}
-	if d, _ := prefix.Common(sc, &t.chain); d == 0 {
+	if d, _ := c.tab.common(s.entry, &t.chain); d == 0 {
 		return
 	}
-	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - sc.Tail[prefix.ChainEnds-1].Bytes
+	db := t.chain.Tail[prefix.ChainEnds-1].Bytes - c.tab.chains[s.entry].Tail[prefix.ChainEnds-1].Bytes
 	if db > -perByteApart && db < perByteApart {
 		return
 	}
@@ -454,58 +511,104 @@ func (c *slotCache) learnPerByte(r *slotReplay, k int, t *slotTurn) {
 	}
 }
 
-// commonMemo holds the common prefix bytes of one target chain with the
-// slots' chains, by the slot chain's identity (chainID), for one
-// placement: its fifteen replays hold the same recent prompts many times
-// over (242 slots in all), so each distinct prompt is compared once. An
-// entry is valid while its stamp is the memo's; begin starts a target.
-// Not safe for concurrent use: the slot cache's mutex guards it.
-type commonMemo struct {
-	stamp uint32
-	n     int // entries of this stamp
-	e     [memoSize]memoEntry
+// chainTable holds the chains of the replays' slots, each distinct prompt
+// once however many slots hold it (the fifteen replays hold the same
+// recent prompts many times over), with a count of the slots that
+// reference it: an entry is free again when none does. A placement
+// writes the new prompt's chain once, not once per replay, and moving a
+// prompt between slots copies no chain.
+//
+// It is also the memo of one target chain's common prefix with each
+// entry (begin starts a target), so that a placement compares each
+// distinct prompt once: a cell's memo is valid while its stamp is the
+// table's. Not safe for concurrent use: the slot cache's mutex guards it.
+type chainTable struct {
+	chains []prefix.Chain
+	cells  []chainCell // beside chains, index for index
+	free   []uint16    // entries no slot references
+	stamp  uint32
+	target chainID
+	same   int // an entry of the target's identity, found this stamp; -1 none
 }
 
-type memoEntry struct {
-	hash          uint64
-	depth, common int32 // the slot chain's depth; the segments shared
-	stamp         uint32
-	bytes         int64
+// chainCell is an entry's reference count and memo. The replays' 242
+// slots and the prediction's copy of the largest replay (64) reference
+// at most 306 entries, so 16 bits count and index them.
+type chainCell struct {
+	stamp  uint32
+	common int32 // the segments shared with the target, at stamp
+	bytes  int64 // the bytes shared, at stamp
+	refs   uint16
 }
-
-// memoSize is above twice the slots of all replays, so that probing
-// stays short; past memoSize/2 entries a target is compared directly.
-const memoSize = 1024
 
 // begin starts a new target chain.
-func (m *commonMemo) begin() {
-	m.stamp++
-	m.n = 0
-	if m.stamp == 0 { // wrapped: no entry may look current
-		m.e = [memoSize]memoEntry{}
-		m.stamp = 1
+func (t *chainTable) begin(ch *prefix.Chain) {
+	t.stamp++
+	if t.stamp == 0 { // wrapped: no cell may look current
+		for i := range t.cells {
+			t.cells[i].stamp = 0
+		}
+		t.stamp = 1
 	}
+	t.target, t.same = idOf(ch), -1
 }
 
-// common is prefix.Common(s, ch), for the target ch of begin; id is s's
-// identity.
-func (m *commonMemo) common(id chainID, s, ch *prefix.Chain) (depth int, bytes int64) {
-	if m == nil || m.stamp == 0 || m.n >= memoSize/2 { // stamp 0: never begun, every entry would look current
-		return prefix.Common(s, ch)
+// common is prefix.Common(chain of entry e, ch), for the target ch of
+// begin.
+func (t *chainTable) common(e uint16, ch *prefix.Chain) (depth int, bytes int64) {
+	c := &t.cells[e]
+	if c.stamp == t.stamp {
+		return int(c.common), c.bytes
 	}
-	h, d := id.hash, id.depth
-	// The hash is keyed and uniform already; the depth tells apart the
-	// empty chains (hash 0).
-	for i := (h + uint64(d)) % memoSize; ; i = (i + 1) % memoSize {
-		e := &m.e[i]
-		if e.stamp != m.stamp {
-			cd, cb := prefix.Common(s, ch)
-			*e = memoEntry{hash: h, depth: d, stamp: m.stamp, common: int32(cd), bytes: cb}
-			m.n++
-			return cd, cb
+	s := &t.chains[e]
+	d, b := prefix.Common(s, ch)
+	c.stamp, c.common, c.bytes = t.stamp, int32(d), b
+	if idOf(s) == t.target { // found while comparing: hold reuses it, writing the chain once
+		t.same = int(e)
+	}
+	return d, b
+}
+
+// hold is an entry of chain ch with one more reference: for the target,
+// one of its identity that common found or an earlier hold made; else a
+// new one.
+func (t *chainTable) hold(ch *prefix.Chain) uint16 {
+	e := t.same
+	if e < 0 || idOf(ch) != t.target {
+		e = t.alloc(ch)
+		if idOf(ch) == t.target {
+			t.same = e
 		}
-		if e.hash == h && e.depth == d {
-			return int(e.common), e.bytes
+	}
+	t.ref(uint16(e))
+	return uint16(e)
+}
+
+// ref adds a reference to entry e.
+func (t *chainTable) ref(e uint16) { t.cells[e].refs++ }
+
+// alloc is a free entry holding ch, unreferenced yet, with no memo.
+func (t *chainTable) alloc(ch *prefix.Chain) int {
+	var e int
+	if n := len(t.free); n > 0 {
+		e, t.free = int(t.free[n-1]), t.free[:n-1]
+	} else {
+		e = len(t.chains)
+		if e > math.MaxUint16 { // bounded far below (refs are at most 306): a bug, not load
+			panic("histo: slot cache chain table past 16 bits")
+		}
+		t.chains, t.cells = append(t.chains, prefix.Chain{}), append(t.cells, chainCell{})
+	}
+	t.chains[e], t.cells[e] = *ch, chainCell{}
+	return e
+}
+
+// release drops a reference to entry e, freeing it with the last.
+func (t *chainTable) release(e uint16) {
+	if t.cells[e].refs--; t.cells[e].refs == 0 {
+		t.free = append(t.free, e)
+		if int(e) == t.same { // hold must not revive a freed entry
+			t.same = -1
 		}
 	}
 }
