@@ -200,8 +200,9 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 // 516-token joiner 0.3 ms before its 563-token holder), where one that
 // began with the holder is done in the first batch, before the holder's
 // end. A prompt of two batches gives the same first outputs either way
-// (docs/queue-split.md "The batch lock"), so it is not judged; nor is a b
-// that leaves e less than least for its prefill.
+// (docs/queue-split.md "The batch lock"), so it is not judged here (one
+// whose first output trails the holder's by its tail is: tailBatchJoin);
+// nor is a b that leaves e less than least for its prefill.
 func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
 	together := f-e.first <= int64(endTolerance) && e.first-f <= int64(endTolerance)
 	return together && e.pb == 0 && point > 0 && b < e.first-least
