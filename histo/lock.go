@@ -87,7 +87,8 @@ func (o *occupancy) prefilling(x, e *occEntry) {
 // began with was slowed by a joiner, e joined at its first batch's end:
 // joinedFirstBatch). Only prefills that ended at
 // least least before e's first output are waited for or joined, but for
-// a one-batch joiner done in the holder's last batch (lastBatchJoin). solo reports
+// a one-batch joiner done in the holder's last batch (lastBatchJoin) and a
+// two-batch one done its tail after it (tailBatchJoin). solo reports
 // whether every prefill it waited for ran alone (soloPrefill). point is
 // e's prefill estimate (0: none). It reads the entries the last scan
 // collected. The caller holds o.mu.
@@ -104,7 +105,7 @@ func (o *occupancy) lockEnd(e occEntry, start, least int64, point time.Duration)
 		for i := range o.nPre {
 			s0, f, pt := o.pre[0][i], o.pre[1][i], o.pre[2][i]
 			if b := o.joins[i]; b > 0 {
-				if start < b && (f < e.first-least || lastBatchJoin(e, f, b, least, point)) {
+				if start < b && (f < e.first-least || lastBatchJoin(e, f, b, least, point) || tailBatchJoin(e, f, point)) {
 					start, moved, solo = b, true, false
 				}
 				continue
@@ -199,11 +200,37 @@ func (o *occupancy) joinedFirstBatch(i int, start0 int64) (int64, bool) {
 // 516-token joiner 0.3 ms before its 563-token holder), where one that
 // began with the holder is done in the first batch, before the holder's
 // end. A prompt of two batches gives the same first outputs either way
-// (docs/queue-split.md "The batch lock"), so it is not judged; nor is a b
-// that leaves e less than least for its prefill.
+// (docs/queue-split.md "The batch lock"), so it is not judged here (one
+// whose first output trails the holder's by its tail is: tailBatchJoin);
+// nor is a b that leaves e less than least for its prefill.
 func lastBatchJoin(e occEntry, f, b, least int64, point time.Duration) bool {
 	together := f-e.first <= int64(endTolerance) && e.first-f <= int64(endTolerance)
 	return together && e.pb == 0 && point > 0 && b < e.first-least
+}
+
+// tailBatchJoin reports whether e, whose first output came after the
+// holder's, f, by less than its least wait, joined the holder at its first
+// batch's end though a prefill that ended so close to e's first output was
+// not waited for: a prompt of two batches by its estimate (e.pb > 0) that
+// joined there has its first engineBatch tokens in the holder's last
+// batch and the rest in batches of its own after the holder's end, so its
+// first output trails the holder's by its own tail (its point less its
+// first batch), at least the band's lower end (1/pointHigh of it), where
+// one that began with the holder shares every batch to the holder's end
+// and has its first output with it (within endTolerance; members share
+// every batch till the shorter one's end, joinedFirstBatch), or, had it a
+// third batch, that batch after it, short of its tail (quiet ollama P=2
+// hint s8run01, request 8: 612 prompt tokens, 27 ms after its holder for
+// a 15.5 ms tail, placed at the holder's start, 100 ms short, where the
+// engine's slot came 9.5 ms after the first batch's end; hint runs 4 and
+// 5, request 5). A gap of least or more takes the join
+// without it. The band has no pointSlack: hint run 4's request 5 trails its
+// holder by 12.5 ms for a 14.4 ms tail (1/pointHigh of it 11.1), and with
+// the slack it is placed at the holder's start, 151 ms short
+// (docs/queue-split.md "Session 11").
+func tailBatchJoin(e occEntry, f int64, point time.Duration) bool {
+	gap := e.first - f
+	return point > 0 && e.pb > 0 && gap > int64(endTolerance) && float64(gap) >= float64(int64(point)-e.pb)/pointHigh
 }
 
 // behindBatch reports whether e, placed at the same start as a prefill

@@ -183,3 +183,42 @@ func TestLockEndBehindBatch(t *testing.T) {
 		require.Equal(t, ms(c.want), end, "%s: start under the lock %.1f ms", c.name, float64(end)/1e6)
 	}
 }
+
+// TestLockEndTailBatchJoin: quiet ollama P=2 hint 2, s8run01, request 8
+// (612 prompt tokens, two batches by its estimate: 107 ms, 91.5 its first)
+// came 0.4 ms after its holder (609.0–928.4 ms, 152.4 estimated, 91.5 its
+// first batch), which ran past its time alone: the request joined it at its
+// first batch's end (700.5 ms; the engine's slot 709.9) and its first
+// output trails the holder's by its own tail, 26.9 ms for 15.5. That is
+// less than its least wait, so the join was not taken and it was placed at
+// the holder's start, 100 ms short (tailBatchJoin). A one-batch prompt
+// with the same first output, one within endTolerance of the holder's (it
+// shared every batch), or one less than its tail after it (a third batch
+// of its own) stays.
+func TestLockEndTailBatchJoin(t *testing.T) {
+	ms := func(v float64) int64 { return int64(v * float64(time.Millisecond)) }
+	for _, c := range []struct {
+		name      string
+		first, pb float64
+		want      float64
+	}{
+		{"two batches, its tail after the holder's", 955.3, 91.5, 700.5},
+		{"two batches, at the band's lower end", 940.4, 91.5, 700.5}, // 12.0 ms: 1/pointHigh of 15.5 is 11.9
+		{"two batches, with the holder's", 932.4, 91.5, 609.4},       // 4 ms: within endTolerance
+		{"two batches, under the band", 939.4, 91.5, 609.4},          // 11 ms: short of its tail (a third batch)
+		{"one batch", 955.3, 0, 609.4},
+	} {
+		var o occupancy
+		o.pre[0][0], o.pre[1][0], o.pre[2][0], o.pre[3][0] = ms(609.0), ms(928.4), ms(152.4), ms(91.5)
+		o.nPre = 1
+		point := 107 * time.Millisecond
+		e := occEntry{arrive: ms(609.4), first: ms(c.first), pb: ms(c.pb)}
+		end, solo := o.lockEnd(e, e.arrive, leastWait(point), point)
+		require.Equal(t, ms(c.want), end, "%s: start under the lock %.1f ms", c.name, float64(end)/1e6)
+		if c.want > 609.4 {
+			// Its prefill from the join fits no estimate: the join is its
+			// "held" vote (joinedAt), as a first burst needs.
+			require.Equal(t, lockHeld, lockVote(&o, e, e.arrive, end, solo, point, 0, false), c.name)
+		}
+	}
+}
