@@ -180,6 +180,7 @@ type countedConn struct {
 	fd                     int
 	closed                 atomic.Bool
 	detached               atomic.Int32 // Closes still to ignore (detach)
+	serving                atomic.Bool  // fasthttp's goroutine that served the request the loop took has yet to let go (awaitRelease)
 	lru.Links[countedConn]              // its place in l.idle while idle; guarded by l.idleMu
 }
 
@@ -194,6 +195,32 @@ type countedConn struct {
 // detach ignores one Close: a stream handed back may be hijacked again
 // before the last hijack's close.
 func (c *countedConn) detach() { c.detached.Add(1) }
+
+// hold marks c as still fasthttp's: called before a hijack the event
+// loop takes the stream from; release (the server's StateHijacked or
+// StateClosed for c) undoes it.
+func (c *countedConn) hold()    { c.serving.Store(true) }
+func (c *countedConn) release() { c.serving.Store(false) }
+
+// awaitRelease waits, up to d, until fasthttp's goroutine that served
+// the request the loop took has let go of c, and reports whether it did.
+// fasthttp keys its table of the connections Shutdown may close by the
+// connection object, and that goroutine deletes c's entry after it
+// started the hijack handler: a stream that ended first (its whole body
+// came with the head) and handed c back with ServeConn lost the new
+// serve's entry to that delete, and Shutdown then waited for c until its
+// idle timeout. The wait is the few instructions between the two, unless
+// the goroutine was descheduled there.
+func (c *countedConn) awaitRelease(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for pause := time.Microsecond; c.serving.Load(); pause = min(2*pause, time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pause)
+	}
+	return true
+}
 
 func (c *countedConn) Close() error {
 	for n := c.detached.Load(); n > 0; n = c.detached.Load() {

@@ -900,7 +900,7 @@ func (s *loopStream) finish(keep bool) {
 	}
 	srv := s.srv
 	p.finish(r)
-	if keep && !p.draining.Load() {
+	if keep && !p.draining.Load() && cc.awaitRelease(time.Second) {
 		_ = srv.ServeConn(conn)
 		return
 	}
@@ -996,6 +996,7 @@ func (p *Proxy) toLoop(ctx *fasthttp.RequestCtx, r *relay) bool {
 	r.giveBuf()  // the loop reads into its own buffer: a held stream keeps no 16 KiB of its own
 	s.early(cc)
 	cc.detach() // fasthttp's close after the hijack handler is ignored
+	cc.hold()   // and ServeConn waits until fasthttp let go of cc
 	p.hijack(ctx, s.hijacked, s.abandoned)
 	return true
 }

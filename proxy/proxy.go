@@ -194,11 +194,18 @@ func (p *Proxy) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConfig
 
 // connState is the server's connection-state hook: it tells the guarded
 // listener which connections wait for a request (new, or idle between
-// keep-alive requests: the first to close when a new client needs room)
-// and finishes a hijack fasthttp dropped; the upstream pool closes the idle
-// connection bound to a client connection that closed.
+// keep-alive requests: the first to close when a new client needs room),
+// tells the event loop that fasthttp let go of a connection (its stream
+// may hand it back: countedConn.awaitRelease) and finishes a hijack
+// fasthttp dropped; the upstream pool closes the idle connection bound to
+// a client connection that closed.
 func (p *Proxy) connState(c net.Conn, s fasthttp.ConnState) {
 	MarkIdle(c, s == fasthttp.StateNew || s == fasthttp.StateIdle)
+	if s == fasthttp.StateClosed || s == fasthttp.StateHijacked {
+		if cc, ok := c.(*countedConn); ok {
+			cc.release() // fasthttp is done with c: the loop may hand it back
+		}
+	}
 	if s == fasthttp.StateClosed {
 		p.abandonHijack(c)
 	}

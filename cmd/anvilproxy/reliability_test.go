@@ -192,7 +192,14 @@ func (s *proc) wait(t *testing.T, d time.Duration) int {
 	case <-s.exited:
 		return s.code
 	case <-time.After(d):
-		t.Fatalf("the server did not exit within %v:\n%s", d, s.stderr.String())
+		// SIGQUIT makes the Go runtime print every goroutine's stack: the
+		// failure shows where the exit hung.
+		_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-s.exited:
+		case <-time.After(5 * time.Second):
+		}
+		t.Fatalf("the server did not exit within %v (its goroutines after SIGQUIT at the end):\n%s", d, s.stderr.String())
 		return 0
 	}
 }
