@@ -24,7 +24,8 @@ const (
 	occRing     = 4096
 	occMaxAhead = 256
 	// occSettle bounds how far Record order may lag release order (both
-	// happen on the request's goroutine, microseconds apart): the scan for
+	// happen on the request's goroutine, or, after the event loop, Record
+	// on a goroutine the hand-back starts: microseconds apart): the scan for
 	// the requests ahead stops at the first one released this long before
 	// the request was admitted.
 	occSettle = 50 * time.Millisecond

@@ -44,9 +44,11 @@ import (
 //       hijacked) ends it on a goroutine of its own. loopStream.finish is
 //       the loop's side of the end, not a second one: it gives back the
 //       loop's own resources (a dirty upstream connection discarded, the
-//       client connection served again or closed) and calls Proxy.finish
-//       for everything else, keeping what it still needs (the server, the
-//       client connection) out of the relay first.
+//       client connection served again or closed) and calls Proxy.finish's
+//       two halves for everything else, keeping what it still needs (the
+//       server, the client connection) out of the relay first: conclude,
+//       then report on a goroutine of its own when the connection is served
+//       again (the relay passes to it, a goroutine start), else on its own.
 //     - a panic in the handler: recoverHandle releases what the relay
 //       holds and records its Trace, but does not reuse it: it may be half
 //       filled, so it is left to the garbage collector.
@@ -56,7 +58,8 @@ import (
 //     takes the request out of Inflight (uncount, after the record, so
 //     that Inflight() == 0 means every Trace is in) and puts the relay,
 //     reset, back in the pool. After finish returns the caller must not
-//     touch the relay.
+//     touch the relay. finish is conclude (up to the Trace complete) and
+//     report (the record on); between them the relay stays the caller's.
 
 // newRelay is the pool's constructor: a relay with its parser, reset, and
 // no relay buffer; one that relays a body on a goroutine takes one then
@@ -192,6 +195,17 @@ func (p *Proxy) recordAfterPanic(tr *Trace) {
 
 // finish completes the Trace, reports it, and recycles the relay.
 func (p *Proxy) finish(r *relay) {
+	p.conclude(r)
+	p.report(r)
+}
+
+// conclude gives back what the request holds and completes its Trace, with
+// everything the client's next request on the connection may depend on:
+// the upstream connection in its pool, the retry tracker's End before the
+// next attempt's Begin, the prefix tracker's turn before the next turn's.
+// What is left, report, depends on nothing the next request touches, so the
+// event loop's hand-back runs it beside that request (loopStream.finish).
+func (p *Proxy) conclude(r *relay) {
 	p.release(r)
 	tr := &r.tr
 	if r.sawEnd && tr.ErrKind == ErrClientGone {
@@ -220,6 +234,13 @@ func (p *Proxy) finish(r *relay) {
 		p.endAttempt(tr)
 		p.observePrefix(r)
 	}
+}
+
+// report records the concluded Trace, logs it, takes the request out of
+// Inflight and recycles the relay, which nobody may touch after. It runs
+// once per request, after conclude, on any goroutine.
+func (p *Proxy) report(r *relay) {
+	tr := &r.tr
 	p.rec.Record(tr)
 	p.logTrace(tr)
 	p.uncount(r)

@@ -899,11 +899,19 @@ func (s *loopStream) finish(keep bool) {
 		conn = &prefixConn{Conn: cc, prefix: s.prefix}
 	}
 	srv := s.srv
-	p.finish(r)
+	p.conclude(r)
 	if keep && !p.draining.Load() && cc.awaitRelease(time.Second) {
+		// The Trace is reported beside the client's next request, not
+		// before it is read: a client sends it the moment the last chunk
+		// arrives, and the report (Record, the log line: about 10 µs of
+		// CPU, 100 µs on a busy 2-core host) stood before its first byte
+		// (BENCHMARKS.md "Session 15"). The goroutine relay reports
+		// before the last chunk leaves instead (CloseWithError).
+		go p.report(r)
 		_ = srv.ServeConn(conn)
 		return
 	}
+	p.report(r)
 	_ = conn.Close()
 }
 
