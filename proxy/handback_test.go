@@ -85,10 +85,7 @@ func TestLoopHandBackShutdown(t *testing.T) {
 	}
 	wg.Wait()
 	require.False(t, t.Failed())
-	// A stream the head's write ended reached its client before the loop
-	// took it (early): the last ones may be counted a moment later.
-	require.Eventually(t, func() bool { return loopStreamsStarted()-before == clients*requests },
-		5*time.Second, time.Millisecond, "every stream went through a loop")
+	requireLoopStreams(t, before, clients*requests, "every stream went through a loop")
 
 	// fasthttp closes a connection that waits for its first request 5 s
 	// after it came (as net/http does): a handed-back one counts as new.
@@ -182,13 +179,12 @@ func TestLoopNextRequestBeforeReport(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the first stream's Record never began")
 	}
-	loopStreams := func(n int64) func() bool { return func() bool { return loopStreamsStarted()-before == n } }
-	require.Eventually(t, loopStreams(1), 5*time.Second, time.Millisecond, "the first stream went through the loop")
+	requireLoopStreams(t, before, 1, "the first stream went through the loop")
 
 	_, err := io.WriteString(c, req)
 	require.NoError(t, err)
 	read() // with the first Record still held
-	require.Eventually(t, loopStreams(2), 5*time.Second, time.Millisecond, "the second stream went through the loop")
+	requireLoopStreams(t, before, 2, "the second stream went through the loop")
 	require.GreaterOrEqual(t, p.Inflight(), int64(1), "the first stream left Inflight before its Record returned")
 
 	close(rec.gate)

@@ -53,6 +53,14 @@ func TestLoopSuite(t *testing.T) {
 // that a stream went there.
 func loopStreamsStarted() int64 { return loopStarted.Load() }
 
+// requireLoopStreams waits until n streams went to a loop since before: a
+// stream whose first bytes went out with the head (loopStream.early) can
+// reach its client before the loop counts it.
+func requireLoopStreams(t *testing.T, before, n int64, msg string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return loopStreamsStarted()-before == n }, 5*time.Second, time.Millisecond, msg)
+}
+
 // sseUpstream answers every request with n events, gap apart, chunked.
 func sseUpstream(t *testing.T, n int, gap time.Duration) *rawUpstream {
 	return startRawUpstream(t, func(u *rawUpstream, c net.Conn, br *bufio.Reader) {

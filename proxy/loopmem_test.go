@@ -185,7 +185,7 @@ func TestLoopStreamStaysCounted(t *testing.T) {
 		require.NoError(t, err)
 		// The first event goes out with the head, before the loop takes
 		// the stream (loopStream.early).
-		require.Eventually(t, func() bool { return loopStreamsStarted()-before == 1 }, 5*time.Second, time.Millisecond)
+		requireLoopStreams(t, before, 1, "the stream went to a loop")
 		// The hijack's goroutine has returned, and fasthttp closed the
 		// connection it served, by the time the loop relays: more events
 		// still arrive, and a second client is over the bound.
