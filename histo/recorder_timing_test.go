@@ -145,3 +145,25 @@ func BenchmarkCurrent(b *testing.B) {
 		r.Current()
 	}
 }
+
+// BenchmarkRotateLoaded is the cost of ending a window as a loaded proxy
+// does: 6,400 records spread over every concurrency level the knee keeps
+// apart, so each window section carries its full set of distributions
+// (each one HDR-encoded for the snapshot).
+func BenchmarkRotateLoaded(b *testing.B) {
+	r, _, _ := newTest(b, Config{Now: time.Now})
+	trs := make([]proxy.Trace, maxLevel+1)
+	for i := range trs {
+		trs[i] = chat()
+		trs[i].InflightAtAdmit = i
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		for i := range 6400 {
+			r.Record(&trs[i%len(trs)])
+		}
+		b.StartTimer()
+		r.Rotate()
+	}
+}

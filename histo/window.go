@@ -1,7 +1,6 @@
 package histo
 
 import (
-	"fmt"
 	"slices"
 	"time"
 
@@ -59,22 +58,6 @@ type Window struct {
 	// Engine is the engine's /metrics as last scraped when the window
 	// ended (engine.go); nil without a scraper.
 	Engine *EngineSection
-}
-
-// encode returns every histogram in the HdrHistogram V2 compressed
-// encoding, base64 (compatible with the Java library and
-// hdrhistogram.Decode), keyed by Metric.String(): the form v1 snapshots
-// carry so that windows and replicas merge exactly.
-func (w *Window) encode() (map[string]string, error) {
-	out := make(map[string]string, len(w.Hist))
-	for m, h := range w.Hist {
-		b, err := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
-		if err != nil {
-			return nil, fmt.Errorf("histo: encoding %s: %w", Metric(m), err)
-		}
-		out[Metric(m).String()] = string(b)
-	}
-	return out, nil
 }
 
 // chunkSize is the number of records per allocation: appending to one

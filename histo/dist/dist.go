@@ -212,9 +212,7 @@ func (s Shape) summarize(h *hdrhistogram.Histogram, clamped int64) Dist {
 	at := func(q float64) Float { return Float(float64(h.ValueAtQuantile(q)) / s.per) }
 	out.P50, out.P90, out.P95, out.P99 = at(50), at(90), at(95), at(99)
 	out.Max = Float(float64(h.Max()) / s.per)
-	if enc, err := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase); err == nil {
-		out.HDR = string(enc)
-	}
+	out.HDR = Encode(h)
 	return out
 }
 

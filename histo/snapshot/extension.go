@@ -7,8 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/HdrHistogram/hdrhistogram-go"
-
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/histo/dist"
 	"github.com/anvilproxy/anvilproxy/histo/selfcheck"
@@ -169,11 +167,7 @@ func (pop *population) extension(doc *Document) (*Extension, error) {
 		ext.Distributions[ph.key] = pop.stats(ph.metric, func(t *Timing) Num { return metricValue(t, ph.metric) })
 	}
 	for m, h := range pop.hist {
-		enc, err := h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
-		if err != nil {
-			return nil, fmt.Errorf("snapshot: encoding %s: %w", histo.Metric(m), err)
-		}
-		ext.Histograms[histo.Metric(m).String()] = Histogram{HDR: string(enc), Unit: histo.Metric(m).Unit().String()}
+		ext.Histograms[histo.Metric(m).String()] = Histogram{HDR: dist.Encode(h), Unit: histo.Metric(m).Unit().String()}
 		ext.Clamped[histo.Metric(m).String()] = 0
 	}
 	var latest int64
