@@ -122,7 +122,36 @@ func replay(t *testing.T, tl *replayTimeline) *histo.Recorder {
 // stream's end, a prefill that runs on after its client left. The split
 // is deterministic given the Traces, so the figures are exact.
 func TestReplayOllama(t *testing.T) {
-	replaySet(t, "testdata/ollama/*.json", replayBars)
+	replaySet(t, "testdata/ollama/*.json", replayBars, nil)
+}
+
+// TestReplayOllamaWrongHint replays the quiet captures of 2 and 4 slots
+// with a wrong --engine-slots, too large (slots + 2) and too small
+// (slots − 1), as the sim's wrong-hint cases do (accuracy_slots_test.go):
+// the engine's behaviour does not depend on the proxy's hint, so its
+// captured Traces and slot log are a real engine's wrong-hint case.
+// Issue 23 asks the split to hold its bar with a wrong hint too. Too
+// small, it does (session 17: 2 slots 183 of 192, 95.3%; 4 slots 306 of
+// 320, 95.6%): the first request that ran beside more streams than the
+// hint sets it aside. Too large, it does not yet (176 of 192, 91.7%; 293
+// of 320, 91.6%), and the bars are those figures: until two requests
+// waited with fewer in the engine than the hint (hintRefuted), the split
+// counts slots that are not there, and a waiter whose first output came a
+// prefill after the end it waited for is not always seen as one
+// (docs/queue-split.md "A wrong hint").
+func TestReplayOllamaWrongHint(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		hint func(slots int) int
+		bars map[int]float64
+	}{
+		{"too large", func(slots int) int { return slots + 2 }, map[int]float64{2: 0.91, 4: 0.91}},
+		{"too small", func(slots int) int { return slots - 1 }, map[int]float64{2: 0.95, 4: 0.95}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			replaySet(t, "testdata/ollama/*-p[24]-*.json", c.bars, c.hint)
+		})
+	}
 }
 
 // TestReplayOllamaLoaded splits again the timelines captured against
@@ -136,7 +165,7 @@ func TestReplayOllama(t *testing.T) {
 // The bars are today's figures less a margin, so that a rule tuned on
 // the quiet runs shows what it costs here.
 func TestReplayOllamaLoaded(t *testing.T) {
-	replaySet(t, "testdata/ollama/loaded/*.json", replayBarsLoaded)
+	replaySet(t, "testdata/ollama/loaded/*.json", replayBarsLoaded, nil)
 }
 
 // TestReplayOllamaAbandoned holds every captured abandoned prefill (a
@@ -148,13 +177,16 @@ func TestReplayOllamaLoaded(t *testing.T) {
 // 600 ms, and the next request was given 1.3 ms of queue for 1,659
 // (docs/queue-split.md "A client that left during prefill").
 func TestReplayOllamaAbandoned(t *testing.T) {
-	replaySet(t, "testdata/ollama/abandoned-*.json", map[int]float64{1: 1})
-	replaySet(t, "testdata/ollama/loaded/abandoned-*.json", map[int]float64{1: 1})
+	replaySet(t, "testdata/ollama/abandoned-*.json", map[int]float64{1: 1}, nil)
+	replaySet(t, "testdata/ollama/loaded/abandoned-*.json", map[int]float64{1: 1}, nil)
 }
 
 // replaySet replays every timeline the glob names and holds each slot
 // count's share of requests within max(25 ms, 10%) of the truth to bars.
-func replaySet(t *testing.T, glob string, bars map[int]float64) {
+// A capture run with the right hint must end with the hint standing
+// (issue 23: a correct hint is never reported as wrong). wrongHint, when
+// set, replaces each capture's hint with wrongHint(slots).
+func replaySet(t *testing.T, glob string, bars map[int]float64, wrongHint func(slots int) int) {
 	if g := os.Getenv("REPLAYGLOB"); g != "" { // one capture to look at: REPLAYGLOB=testdata/ollama/x.json
 		t.Logf("REPLAYGLOB: %s replayed instead of %s; the bars of slot counts it lacks fail", g, glob)
 		glob = g
@@ -177,10 +209,17 @@ func replaySet(t *testing.T, glob string, bars map[int]float64) {
 			t.Fatal(err)
 		}
 		tl.Traces = decodeTraces(t, tl.Raw)
+		if wrongHint != nil {
+			tl.Hint = wrongHint(tl.Slots)
+		}
 		rec := replay(t, &tl)
 		w, misses := checkReplay(t, rec, &tl)
-		t.Logf("%s (%d slots, hint %d, load %s): %d of %d within max(25 ms, 10%%); misses: %s",
-			filepath.Base(f), tl.Slots, tl.Hint, tl.LoadAverage, w, len(tl.Truth), strings.Join(misses, "; "))
+		state := rec.Slots().State
+		t.Logf("%s (%d slots, hint %d, load %s): %d of %d within max(25 ms, 10%%), slots %s; misses: %s",
+			filepath.Base(f), tl.Slots, tl.Hint, tl.LoadAverage, w, len(tl.Truth), state, strings.Join(misses, "; "))
+		if tl.Hint == tl.Slots && state != histo.SlotsHint {
+			t.Errorf("%s: the right hint (%d slots) reported as %s", filepath.Base(f), tl.Hint, state)
+		}
 		within[tl.Slots] += w
 		total[tl.Slots] += len(tl.Truth)
 	}
@@ -208,8 +247,9 @@ func replaySet(t *testing.T, glob string, bars map[int]float64) {
 // "Measured against ollama"). Session 9: 72 of 72, 182 of 192, 234 of
 // 256; session 10, with two agent runs more on 4 slots: 72, 182 and 304
 // of 320 (95.0%); session 11 (tailBatchJoin): 72, 185 of 192 (96.4%) and
-// 305 (95.3%), and 2 slots holds issue 23's bar, two requests to spare.
-var replayBars = map[int]float64{1: 1, 2: 0.95, 4: 0.93}
+// 305 (95.3%), and 2 slots holds issue 23's bar, two requests to spare;
+// session 17 holds 4 slots to it too (one to spare).
+var replayBars = map[int]float64{1: 1, 2: 0.95, 4: 0.95}
 
 // replayBarsLoaded is TestReplayOllamaLoaded's: the figures of session 8's
 // last merge (1 slot 512 of 522, 2 slots 335 of 384, 4 slots 750 of 896,
@@ -217,6 +257,7 @@ var replayBars = map[int]float64{1: 1, 2: 0.95, 4: 0.93}
 // about two points. Session 9's: 512, 334 and 759; session 10's: 512, 334
 // and 773 (86.3%); session 11's: 512, 341 (88.8%) and 776 (86.6%).
 var replayBarsLoaded = map[int]float64{1: 0.96, 2: 0.85, 4: 0.84}
+
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
 // (Untracked, Drift) marshal as text and do not unmarshal; the split reads
