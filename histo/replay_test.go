@@ -258,7 +258,6 @@ var replayBars = map[int]float64{1: 1, 2: 0.95, 4: 0.95}
 // and 773 (86.3%); session 11's: 512, 341 (88.8%) and 776 (86.6%).
 var replayBarsLoaded = map[int]float64{1: 0.96, 2: 0.85, 4: 0.84}
 
-
 // decodeTraces decodes captured Traces. The prefix tracker's enums
 // (Untracked, Drift) marshal as text and do not unmarshal; the split reads
 // neither, so they are left at their zero values.
