@@ -81,21 +81,6 @@ func TestEncodeConcurrent(t *testing.T) {
 	wg.Wait()
 }
 
-// TestEncodeAllocatesLittle: a pooled encoder does not take a compressor
-// per call. The library's takes about 1 MB; Encode copies the counts
-// (26 KB for Ms) and writes the base64 string.
-func TestEncodeAllocatesLittle(t *testing.T) {
-	h := encodeCases(t)["ms"]
-	Encode(h) // fill the pool
-	res := testing.Benchmark(func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			Encode(h)
-		}
-	})
-	require.Less(t, res.AllocedBytesPerOp(), int64(64<<10), "Encode allocated %d bytes per call", res.AllocedBytesPerOp())
-}
-
 // BenchmarkEncode against BenchmarkEncodeLibrary: one Ms histogram with
 // 5,000 values, as a snapshot section's distribution.
 func BenchmarkEncode(b *testing.B) {
