@@ -22,7 +22,8 @@
 //     /requests, /snapshot and /status (requests.go); records beyond
 //     inference and conversation ids (requests_other.go); the failure words
 //     (failures.go).
-//   - Windows: Rotate, Current and the cumulative window (window.go), and
+//   - Windows: Rotate, Current and the cumulative window, with their
+//     request records shared in chunks, not copied (Records; window.go), and
 //     the shape every per-window tally of one concern shares (tally.go).
 //     The concerns, each a tally, a section of the Window and of the v1
 //     extension, and its Merge function: client retries (retry.go), prompt

@@ -108,7 +108,7 @@ func TestNonInferenceRoutesOnlyCountedAndListed(t *testing.T) {
 	require.Len(t, recent, 1) // listed in /requests (requests_other.go) ...
 	require.Equal(t, -1, recent[0].Index)
 	require.Zero(t, r.Current().Hist[MetricE2E].TotalCount()) // ... but in no window
-	require.Empty(t, r.Current().Requests)
+	require.Zero(t, r.Current().Requests.Len())
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
 # HELP anvilproxy_requests_total Requests finished, by route, model and status code sent to the client (0: none sent).
 # TYPE anvilproxy_requests_total counter
@@ -405,10 +405,10 @@ func TestConcurrentRecordRotateScrape(t *testing.T) {
 			}
 			w := r.Rotate()
 			mu.Lock()
-			total += int64(len(w.Requests))
+			total += int64(w.Requests.Len())
 			mu.Unlock()
-			if n := w.Hist[MetricE2E].TotalCount(); n != int64(len(w.Requests)) {
-				t.Errorf("window has %d records but %d e2e values", len(w.Requests), n)
+			if n := w.Hist[MetricE2E].TotalCount(); n != int64(w.Requests.Len()) {
+				t.Errorf("window has %d records but %d e2e values", w.Requests.Len(), n)
 			}
 			_ = r.Current()
 			_ = r.cumulative()
@@ -438,7 +438,7 @@ func TestConcurrentRecordRotateScrape(t *testing.T) {
 	wg.Wait()
 	close(stop)
 	readers.Wait()
-	total += int64(len(r.Rotate().Requests))
+	total += int64(r.Rotate().Requests.Len())
 	require.Equal(t, int64(writers*perWriter), total)
 	_, cum := r.Goodput()
 	require.Equal(t, int64(writers*perWriter), cum.Requests)

@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"iter"
 	"slices"
 	"time"
 
@@ -14,7 +15,9 @@ import (
 // histograms of every Metric and one Request record per finished inference
 // request. It is what the snapshot writer turns into an
 // anvil-serving.benchmark/v1 file. A Window returned by Rotate, Current or
-// cumulative belongs to the caller; the Recorder never touches it again.
+// cumulative belongs to the caller; the Recorder never changes it again
+// (Current's Requests share storage with the window in progress, but
+// Record only appends beyond them).
 type Window struct {
 	Start, End time.Time
 
@@ -28,8 +31,8 @@ type Window struct {
 	Clamped [NumMetrics]int64
 
 	// Requests are the window's inference requests in the order they
-	// finished, failed ones included (Request.Failed). Nil for cumulative.
-	Requests []Request
+	// finished, failed ones included (Request.Failed). Empty for cumulative.
+	Requests Records
 	// Dropped counts requests beyond Config.MaxWindowRequests: they are in
 	// Hist and Goodput but have no record.
 	Dropped int64
@@ -64,13 +67,68 @@ type Window struct {
 // growing slice would copy up to MaxWindowRequests records under the lock.
 const chunkSize = 1024
 
+// Records are a window's request records in the order they finished: the
+// chunks the window recorded them into, not a copy (a loaded window's
+// records are megabytes, and copying them was a third of its rotation). A
+// record, once added, is never modified, and a Records value never sees
+// later additions: Rotate's window is never added to again, and Current's
+// Records end at the chunk lengths taken under the Recorder's lock, beyond
+// which Record appends. So Records are safe for concurrent reads, and
+// read-only: their records may be shared with the window in progress and
+// with other Windows. The zero value is empty.
+type Records struct {
+	chunks [][]Request // each of capacity chunkSize; every one but the last is full
+}
+
+// Len returns the number of records.
+func (rs Records) Len() int {
+	if len(rs.chunks) == 0 {
+		return 0
+	}
+	return (len(rs.chunks)-1)*chunkSize + len(rs.chunks[len(rs.chunks)-1])
+}
+
+// At returns the i-th record, to read; it panics unless 0 <= i < Len.
+func (rs Records) At(i int) *Request {
+	return &rs.chunks[i/chunkSize][i%chunkSize]
+}
+
+// All yields every record in order, to read.
+func (rs Records) All() iter.Seq[*Request] {
+	return func(yield func(*Request) bool) {
+		for _, c := range rs.chunks {
+			for i := range c {
+				if !yield(&c[i]) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// add appends a copy of rq, in a new chunk when the last is full. Not
+// safe for concurrent use: the window's owner (Recorder.mu) serializes it.
+func (rs *Records) add(rq *Request) {
+	if len(rs.chunks) == 0 || len(rs.chunks[len(rs.chunks)-1]) == chunkSize {
+		rs.chunks = append(rs.chunks, make([]Request, 0, chunkSize))
+	}
+	last := &rs.chunks[len(rs.chunks)-1]
+	*last = append(*last, *rq)
+}
+
+// view returns Records that keep what rs holds now: the chunk headers are
+// copied, so rs's later additions (appends beyond those lengths, new
+// chunks) are not seen. Called under the lock that guards rs.
+func (rs Records) view() Records {
+	return Records{chunks: slices.Clone(rs.chunks)}
+}
+
 // window is the current window's state apart from its histograms, which
 // live in the Recorder's pairs. It is guarded by Recorder.mu; once swapped
 // out by Rotate it belongs to the rotating goroutine.
 type window struct {
 	start   time.Time
-	chunks  [][]Request // each of capacity chunkSize; elements are never modified once appended
-	n       int
+	records Records
 	dropped int64
 	tally   tally
 	sources [len(sources)]int64
@@ -94,28 +152,12 @@ func newWindow(start time.Time, gen uint64) *window {
 // it reports whether rq was kept.
 func (w *window) add(rq *Request, limit int) bool {
 	w.sources[rq.QueueSource.index()]++
-	if w.n >= limit {
+	if w.records.Len() >= limit {
 		w.dropped++
 		return false
 	}
-	if len(w.chunks) == 0 || len(w.chunks[len(w.chunks)-1]) == chunkSize {
-		w.chunks = append(w.chunks, make([]Request, 0, chunkSize))
-	}
-	last := &w.chunks[len(w.chunks)-1]
-	*last = append(*last, *rq)
-	w.n++
+	w.records.add(rq)
 	return true
-}
-
-// flatten copies the records of chunks into one slice. The chunk headers
-// are a copy taken under the lock, so concurrent appends beyond them are
-// not seen.
-func flatten(chunks [][]Request, n int) []Request {
-	out := make([]Request, 0, n)
-	for _, c := range chunks {
-		out = append(out, c...)
-	}
-	return out
 }
 
 func (w *window) queueSources() map[QueueSource]int64 {
@@ -161,13 +203,14 @@ func (r *Recorder) Rotate() *Window {
 // Current returns a copy of the window in progress, without ending it (for
 // /snapshot and the dashboard). It copies every histogram under the
 // Recorder's lock, which holds Record up for about half a millisecond: fine
-// per scrape or snapshot request, not for a hot path. Safe for concurrent
-// use.
+// per scrape or snapshot request, not for a hot path. The records are not
+// copied: the copy's Requests are a view of the window's chunks as they
+// are now (Records). Safe for concurrent use.
 func (r *Recorder) Current() *Window {
 	out := &Window{End: r.cfg.Now()}
 	r.mu.Lock()
 	cur := *r.cur
-	cur.chunks = slices.Clone(cur.chunks)
+	cur.records = cur.records.view()
 	cur.tallies = r.cur.tallies.clone()
 	cur.conv.sealed = r.convs.seal(cur.conv.gen)
 	for m := range numRequestMetrics {
@@ -187,7 +230,7 @@ func (r *Recorder) Current() *Window {
 func (r *Recorder) fill(out *Window, w *window, quality *selfcheck.Section) {
 	out.Start = w.start
 	out.stampHist()
-	out.Requests = flatten(w.chunks, w.n)
+	out.Requests = w.records
 	out.Dropped = w.dropped
 	out.Goodput = w.tally.goodput(r.cfg.SLOs)
 	out.QueueSources = w.queueSources()

@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -24,8 +25,8 @@ func TestRotate(t *testing.T) {
 	w := r.Rotate()
 	require.Equal(t, t0, w.Start)
 	require.Equal(t, t0.Add(time.Minute), w.End)
-	require.Len(t, w.Requests, 2)
-	require.Equal(t, []int{0, 1}, []int{w.Requests[0].Index, w.Requests[1].Index})
+	require.Equal(t, 2, w.Requests.Len())
+	require.Equal(t, []int{0, 1}, []int{w.Requests.At(0).Index, w.Requests.At(1).Index})
 	require.Equal(t, int64(2), w.Hist[MetricTTFT].TotalCount())
 	require.Equal(t, int64(1), w.Hist[MetricInterEvent].TotalCount())
 	require.Equal(t, int64(1), w.Hist[MetricOverhead].TotalCount())
@@ -38,15 +39,15 @@ func TestRotate(t *testing.T) {
 	clk.t = t0.Add(2 * time.Minute)
 	cur := r.Current()
 	require.Equal(t, t0.Add(time.Minute), cur.Start)
-	require.Len(t, cur.Requests, 1)
-	require.Equal(t, uint64(8), cur.Requests[0].ID)
-	require.Equal(t, 0, cur.Requests[0].Index)
+	require.Equal(t, 1, cur.Requests.Len())
+	require.Equal(t, uint64(8), cur.Requests.At(0).ID)
+	require.Equal(t, 0, cur.Requests.At(0).Index)
 	require.Equal(t, int64(1), cur.Hist[MetricTTFT].TotalCount())
 	require.Zero(t, cur.Hist[MetricInterEvent].TotalCount())
 
 	// Current is a copy: recording more does not change it.
 	r.Record(&tr)
-	require.Len(t, cur.Requests, 1)
+	require.Equal(t, 1, cur.Requests.Len())
 	require.Equal(t, int64(1), cur.Hist[MetricTTFT].TotalCount())
 
 	// A finished window is the caller's: later traffic does not reach it.
@@ -54,7 +55,7 @@ func TestRotate(t *testing.T) {
 
 	cum := r.cumulative()
 	require.Equal(t, t0, cum.Start)
-	require.Nil(t, cum.Requests)
+	require.Zero(t, cum.Requests.Len())
 	require.Equal(t, int64(4), cum.Hist[MetricTTFT].TotalCount())
 	require.Equal(t, int64(1), cum.Hist[MetricInterEvent].TotalCount())
 	require.Equal(t, int64(4), cum.Goodput.Requests)
@@ -67,11 +68,11 @@ func TestWindowRecordCap(t *testing.T) {
 		r.Record(&tr)
 	}
 	w := r.Rotate()
-	require.Len(t, w.Requests, chunkSize+3)
+	require.Equal(t, chunkSize+3, w.Requests.Len())
 	require.Equal(t, int64(7), w.Dropped)
 	require.Equal(t, int64(chunkSize+10), w.Hist[MetricE2E].TotalCount(), "dropped records still count")
 	require.Equal(t, int64(chunkSize+10), w.Goodput.Requests)
-	require.Equal(t, chunkSize+2, w.Requests[chunkSize+2].Index)
+	require.Equal(t, chunkSize+2, w.Requests.At(chunkSize+2).Index)
 	n, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range n {
@@ -79,6 +80,60 @@ func TestWindowRecordCap(t *testing.T) {
 			require.Equal(t, 7.0, mf.GetMetric()[0].GetCounter().GetValue())
 		}
 	}
+}
+
+// TestRecordsSharedWhileRecording: the Requests of Current and Rotate are
+// views of the window's chunks, not copies, read here while Record appends
+// to the same chunks from another goroutine. Under -race this holds the
+// sharing to be race-free; everywhere it holds each view to its records as
+// they were, whole and in order, across chunk boundaries and after the
+// window it came from rotated.
+func TestRecordsSharedWhileRecording(t *testing.T) {
+	r, _, _ := newTest(t, Config{Now: time.Now})
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tr := monotonic(chat())
+		for id := uint64(0); ; id++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			tr.ID = id
+			r.Record(&tr)
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+
+	var kept []*Window // Current's views, read again after their window rotated
+	for rotations := 0; rotations < 3; {
+		cur := r.Current()
+		requireRecords(t, cur)
+		kept = append(kept, cur)
+		if cur.Requests.Len() > 2*chunkSize+chunkSize/2 {
+			requireRecords(t, r.Rotate())
+			rotations++
+		}
+	}
+	for _, w := range kept {
+		requireRecords(t, w)
+	}
+}
+
+// requireRecords checks that w's records are those of one window, whole
+// and in order: positions from 0, IDs consecutive (every record is kept).
+func requireRecords(t *testing.T, w *Window) {
+	t.Helper()
+	i := 0
+	for rq := range w.Requests.All() {
+		if rq.Index != i || rq.ID != w.Requests.At(0).ID+uint64(i) || rq != w.Requests.At(i) {
+			t.Fatalf("record %d: index %d, ID %d after %d at 0", i, rq.Index, rq.ID, w.Requests.At(0).ID)
+		}
+		i++
+	}
+	require.Equal(t, w.Requests.Len(), i)
 }
 
 func TestWindowEncode(t *testing.T) {

@@ -88,8 +88,7 @@ func windowPart(w *histo.Window, pm PrefillModel) *part {
 	for m, n := range w.Clamped {
 		p.clamped[histo.Metric(m).String()] = n
 	}
-	for i := range w.Requests {
-		rq := &w.Requests[i]
+	for rq := range w.Requests.All() {
 		if rq.Model != "" {
 			p.models[rq.Model]++
 		}

@@ -88,14 +88,14 @@ func TestWriterRotatesEveryInterval(t *testing.T) {
 			t.Cleanup(func() { _ = w.Close(context.Background()) }) // a failure must not leave the bubble blocked
 			time.Sleep(5*time.Millisecond - time.Nanosecond)
 			synctest.Wait()
-			require.Len(t, r.Current().Requests, 3, "dir %q: not before the interval", dir)
+			require.Equal(t, 3, r.Current().Requests.Len(), "dir %q: not before the interval", dir)
 			time.Sleep(time.Nanosecond)
 			synctest.Wait() // the window is rotated and written
-			require.Empty(t, r.Current().Requests, "dir %q: rotated at the interval", dir)
+			require.Zero(t, r.Current().Requests.Len(), "dir %q: rotated at the interval", dir)
 			record(r, 3, 5, 0)
 			time.Sleep(5 * time.Millisecond)
 			synctest.Wait()
-			require.Empty(t, r.Current().Requests, "dir %q: and at the next", dir)
+			require.Zero(t, r.Current().Requests.Len(), "dir %q: and at the next", dir)
 			require.NoError(t, w.Close(context.Background()))
 			if dir != "" {
 				require.Len(t, snapshotFiles(t, dir), 2, "one file per window with requests")
@@ -156,7 +156,7 @@ func TestWriterDiskFull(t *testing.T) {
 		}
 		synctest.Wait()
 		require.Equal(t, 5.0, testutil.ToFloat64(w.errs))
-		require.Len(t, r.Current().Requests, 5, "the window in progress: 0.5 ms of traffic")
+		require.Equal(t, 5, r.Current().Requests.Len(), "the window in progress: 0.5 ms of traffic")
 		require.NoError(t, w.Close(context.Background()))
 		require.Equal(t, 6.0, testutil.ToFloat64(w.errs), "and the final window")
 
