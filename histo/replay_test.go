@@ -255,7 +255,10 @@ var replayBars = map[int]float64{1: 1, 2: 0.95, 4: 0.95}
 // last merge (1 slot 512 of 522, 2 slots 335 of 384, 4 slots 750 of 896,
 // the agents' 8 conversations and the abandoned prefills included) less
 // about two points. Session 9's: 512, 334 and 759; session 10's: 512, 334
-// and 773 (86.3%); session 11's: 512, 341 (88.8%) and 776 (86.6%).
+// and 773 (86.3%); session 11's: 512, 341 (88.8%) and 776 (86.6%);
+// session 17 added its live run at host load 3.3 (*-s17run01.json, the
+// replay equal to the live verdicts): 545 of 556, 360 of 408 (88.2%) and
+// 829 of 952 (87.1%).
 var replayBarsLoaded = map[int]float64{1: 0.96, 2: 0.85, 4: 0.84}
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
