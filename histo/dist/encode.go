@@ -48,9 +48,10 @@ func Encode(h *hdrhistogram.Histogram) string {
 	s := h.Export()
 	e.payload = appendV2(e.payload[:0], s)
 
+	var head [8]byte // the cookie, then the compressed length (set below)
+	binary.BigEndian.PutUint32(head[:4], uint32(v2CompressedCookie))
 	e.packed.Reset()
-	e.packed.Write(binary.BigEndian.AppendUint32(nil, uint32(v2CompressedCookie)))
-	e.packed.Write([]byte{0, 0, 0, 0}) // the compressed length, set below
+	e.packed.Write(head[:])
 	e.zw.Reset(&e.packed)
 	e.zw.Write(e.payload) // to a bytes.Buffer: cannot fail
 	e.zw.Close()
