@@ -53,3 +53,35 @@ func TestWaitedWithLockTooLargeHint(t *testing.T) {
 	require.InDelta(t, 547, got[0].Queue.Millis(), 1, "e waited for b's slot, then for x's prefill")
 	require.Equal(t, SlotsHintHigh, r.Slots().State)
 }
+
+// TestWaitedWithLockSharedBatches: ollama, 4 slots, with --engine-slots
+// 6. a1's prefill holds the batch lock; a2–a4 take their slots at its end
+// and share their batches (300 ms for three prompts of 100). w1 and w2,
+// behind them, take the first two slots the a's let go (600, 601) and
+// share theirs: first outputs at 800, twice their own prefill from there.
+// The hint's 6 slots would have started w1 at its arrival, under the lock
+// at 100 (a1's end: a2–a4 began there with it), a prefill of 700 ms for
+// 100; no count's start fits its prefill, so nothing says the hint is
+// wrong, but 4 slots, what the engine ran at once, start it at 600, the
+// closest account of it: split so (the engine's 596 ms of queue; before,
+// 96). The hint stands: a right hint's shared prefill looks the same.
+func TestWaitedWithLockSharedBatches(t *testing.T) {
+	for _, hint := range []int{6, 4} {
+		r := warmed(t, hint)
+		base := 100000.0
+		trs := []*proxy.Trace{tracked(base, base+100, base+600, 0, 2000, 100)}
+		for i := range 3 {
+			trs = append(trs, tracked(base+1+float64(i), base+400, base+601+float64(i), 1+i, 2000, uint64(101+i)))
+		}
+		trs = append(trs, tracked(base+4, base+800, base+900, 4, 2000, 104), tracked(base+5, base+801, base+950, 5, 2000, 105))
+		for _, tr := range trs {
+			r.Record(tr)
+		}
+		got := r.Recent(2)
+		require.InDelta(t, 596, got[1].Queue.Millis(), 1, "hint %d: w1 took a1's slot", hint)
+		require.InDelta(t, 596, got[0].Queue.Millis(), 25, "hint %d: w2 took a2's slot", hint)
+		s := r.Slots()
+		require.Equal(t, SlotsHint, s.State, "hint %d", hint)
+		require.Equal(t, Count(4), s.Learned, "hint %d", hint)
+	}
+}
