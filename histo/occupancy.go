@@ -803,7 +803,7 @@ func insertionSort(a []int64) {
 // prefill after its start under the lock, not after the slot's end, and
 // waitedFor, which looks at the ends, does not see it wait: behind a too
 // large hint (2 slots given 4) it was placed at an earlier start under the
-// lock, 130–230 ms early (10 of 192 requests). So each count from the
+// lock, 113–576 ms early (10 of 192 requests). So each count from the
 // hint's down is judged as the split would place e with it (startWith):
 // when e's prefill from the hint's start is too long to be its own and
 // from a count's start that the lock moved it fits its estimate
