@@ -289,23 +289,51 @@ func soloPrefill(s0, f, pt int64) bool {
 // it judge the lock by it (a start placed before the lock was learned
 // would make its prefill seem to cover theirs).
 func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head int64) (q time.Duration, lstart int64) {
-	point := pr.point
 	start := e.arrive + int64(queue)
-	least := leastWait(point)
-	end, solo := o.lockEnd(e, start, least, point)
-	v := lockVote(o, e, start, end, solo, point, pr.est, pr.haveEst)
-	other := !lockable(head, end, least, e.first, pr.reported)
-	if other && v == lockHeld {
-		v = lockNone // its evidence is of an engine without the lock
-	}
+	end, v, other := o.lockStart(e, start, pr, head)
 	o.lock.observe(v)
 	if other {
 		return queue, start // no lock: later requests judge it from its own start
 	}
-	if end == start || !(o.lock.held() || v == lockHeld && !o.lock.free()) {
+	if end == start || !o.lockApplies(v) {
 		return queue, end
 	}
 	return time.Duration(end - e.arrive), end
+}
+
+// lockStart is e's start under a batch lock given its start without one
+// (lockEnd), its vote, and whether its evidence is of an engine without
+// the lock (lockable; the vote is then none). The caller holds o.mu.
+func (o *occupancy) lockStart(e occEntry, start int64, pr priors, head int64) (end int64, v uint8, other bool) {
+	least := leastWait(pr.point)
+	end, solo := o.lockEnd(e, start, least, pr.point)
+	v = lockVote(o, e, start, end, solo, pr.point, pr.est, pr.haveEst)
+	other = !lockable(head, end, least, e.first, pr.reported)
+	if other && v == lockHeld {
+		v = lockNone // its evidence is of an engine without the lock
+	}
+	return end, v, other
+}
+
+// lockApplies reports whether a request whose vote is v takes its start
+// under the lock: the engine is learned to hold one, or its own vote says
+// it waited for one and the engine is not learned to hold none.
+func (o *occupancy) lockApplies(v uint8) bool {
+	return o.lock.held() || v == lockHeld && !o.lock.free()
+}
+
+// startWith is when e began with slots slots, as the split places it: at
+// the start the slot count predicts (predictedStart), or, when the lock
+// applies to it there (lockApplies, its vote not yet counted), at its
+// start under the lock (moved). other says its evidence is of an engine
+// without the lock (lockStart). The caller holds o.mu.
+func (o *occupancy) startWith(e occEntry, ends []int64, n, slots int, pr priors, head int64) (at int64, moved, other bool) {
+	start := predictedStart(e, ends, n, slots)
+	end, v, other := o.lockStart(e, start, pr, head)
+	if other || end == start || !o.lockApplies(v) {
+		return start, false, other
+	}
+	return end, true, false
 }
 
 // leastWait is how long before the first output of a request of prefill

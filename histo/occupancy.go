@@ -356,14 +356,25 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		j, byPoint = -1, false
 	}
 	p.inferred = byPoint
+	own := 0 // the slot count its own start under the lock is best explained by
 	if p.tight = j >= 0; p.tight {
 		p.inEngine = n - j // it took the slot ends[j] freed: all of them were busy
+	} else if k, fits := o.waitedWithLock(e, ends[:c], n, p.streams, pr, o.rel(tr.Headers)); k > 0 {
+		p.inferred = true // its start was chosen by its prefill's estimate
+		if p.tight = fits; fits {
+			p.inEngine = k
+		} else {
+			own = k
+		}
 	}
 	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
 		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
 	}
 	s := o.slots.effective()
 	waited := p.tight && p.inEngine < s && o.slots.state == SlotsHint
+	if !waited && own > 0 && o.slots.state == SlotsHint {
+		s, waited = own, true // its own split only: no evidence against the hint
+	}
 	if waited {
 		// It waited for an end earlier slots than the hint allows would
 		// not have made it wait for: its own evidence against the hint,
@@ -781,4 +792,58 @@ func insertionSort(a []int64) {
 		}
 		a[j] = x
 	}
+}
+
+// waitedWithLock is the slot count, fewer than an unproven hint's and not
+// fewer than the engine was seen running, that e's own timeline says it
+// waited with when the hint's does not explain it, and whether that count
+// is evidence against the hint (fits); 0 when there is none. On an engine
+// with a batch lock (ollama) a request that took its slot at an end waits
+// on for the prefills in progress there, so its first output comes its
+// prefill after its start under the lock, not after the slot's end, and
+// waitedFor, which looks at the ends, does not see it wait: behind a too
+// large hint (2 slots given 4) it was placed at an earlier start under the
+// lock, 113–576 ms early (10 of 192 requests). So each count from the
+// hint's down is judged as the split would place e with it (startWith):
+// when e's prefill from the hint's start is too long to be its own and
+// from a count's start that the lock moved it fits its estimate
+// (pointFits), e waited with that many slots (a start the lock did not
+// move is a slot's end, waitedFor's to judge). Only on the lock's evidence
+// (lockStart's other): on an engine that reports its cached tokens or
+// sends its head early a prefill end explains such a first output as
+// well, and a request that had a slot at once took 299 ms of queue
+// (TestBatchLockNotFromSharedPrefill). When no count fits, e may have
+// shared its batches: requests that took their slots at the same ends
+// share llamarunner's batches and each prefill takes about the sum of
+// theirs (2–7 × its own). Such a prefill fits no estimate, and a right
+// hint's would look the same, so it argues nothing against the hint; but
+// the count whose start leaves the prefill closest to e's estimate (by
+// more than the relay's jitter, pointSlack) is the better account of e
+// itself, and e is split with it (4 slots given 6: 14 of 320 requests off
+// by 32–965 ms). A count never starts e before the hint does: fewer slots
+// free no slot sooner. The caller holds o.mu.
+func (o *occupancy) waitedWithLock(e occEntry, ends []int64, n, streams int, pr priors, head int64) (slots int, fits bool) {
+	hint, lrn, point := o.slots.hint, o.slots.learned(), pr.point
+	if point <= 0 || o.slots.state != SlotsHint || hint <= max(lrn, streams) {
+		return 0, false
+	}
+	hintAt, _, other := o.startWith(e, ends, n, hint, pr, head)
+	from := e.first - hintAt
+	if other || float64(from) < pointApart*float64(point)+float64(pointSlack) {
+		return 0, false // another engine's evidence, or the hint explains it
+	}
+	best, bestGap := 0, from
+	// More slots than n start e at its arrival, as the hint does.
+	for k := min(hint-1, n); k >= max(lrn, streams, 1) && n-k < len(ends); k-- {
+		at, moved, _ := o.startWith(e, ends, n, k, pr, head)
+		gap := e.first - at
+		switch {
+		case at <= hintAt:
+		case moved && pointFits(max(gap, 0), from, point):
+			return k, true
+		case closer(gap, bestGap, point) && gap < bestGap-int64(pointSlack):
+			best, bestGap = k, gap
+		}
+	}
+	return best, false
 }
