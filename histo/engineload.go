@@ -1,9 +1,11 @@
 package histo
 
 import (
+	"math"
 	"sync/atomic"
 	"time"
 
+	"github.com/anvilproxy/anvilproxy/histo/engine"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -40,10 +42,9 @@ func (r *Recorder) SetEngineLoad(l EngineLoad) {
 // what the engine said during a request's wait, not only at its arrival.
 // It must be safe for concurrent use and cheap (a binary search).
 type loadHistory interface {
-	// SampleBefore returns the latest scrape taken before t: when, and the
-	// engine's running count; ok is false when none was kept or it
-	// exports no count.
-	SampleBefore(t time.Time) (at time.Time, running int, ok bool)
+	// SampleBefore returns the latest scrape taken before t (a count the
+	// engine does not export is NaN); ok is false when none was kept.
+	SampleBefore(t time.Time) (engine.Sample, bool)
 }
 
 // engineLoadBox holds an EngineLoad for atomic.Pointer, and its history
@@ -112,25 +113,66 @@ const boundSamples = 256
 // number ahead not recorded yet (they end after e). The caller holds
 // o.mu.
 func (o *occupancy) waitedBound(e occEntry, ends []int64, unrec int, h loadHistory) time.Duration {
-	if h == nil || e.first <= e.arrive {
-		return 0
-	}
-	t := o.epoch.Add(time.Duration(e.first))
-	for range boundSamples {
-		at, running, ok := h.SampleBefore(t)
-		rel := o.rel(at)
-		if !ok || rel <= e.arrive {
-			return 0
+	var bound time.Duration
+	o.scrapesDuring(e, h, func(rel int64, r engine.Reading) bool {
+		if math.IsNaN(r.Running) {
+			return true // no running count: nothing to bound with
 		}
 		// The requests from e back still in the engine at the scrape.
 		held := unrec + 1
 		for i := len(ends) - 1; i >= 0 && ends[i] > rel; i-- {
 			held++
 		}
-		if running < held {
-			return time.Duration(rel - e.arrive)
+		if int(r.Running) < held {
+			bound = time.Duration(rel - e.arrive)
+			return true
 		}
-		t = at
+		return false
+	})
+	return bound
+}
+
+// kvFull is the KV-cache use (vLLM kv_cache_usage_perc, llama.cpp
+// kv_cache_usage_ratio, SGLang token_usage) at which the engine's cache,
+// not its sequence slots, is taken to hold its waiting requests back. In
+// TestQueueAccuracyKVPressure the sim's cache read 0.95 whenever the two
+// uniform prompts it holds ran, 0.99 at the mixed burst's fullest; with
+// no KV pressure the sim's reads 0.00 (1M tokens), a GPU's a few percent.
+const kvFull = 0.9
+
+// kvHeld reports whether the engine's scrapes during e's wait (its
+// arrival to its first output) show its KV cache holding requests back:
+// one with requests waiting and at least kvFull of the cache in use. Such
+// a wait is the KV cache's, whatever the running count: a
+// continuous-batching engine admits a request only when its prompt fits
+// (vLLM's block budget), so a right --engine-slots (max_num_seqs) sees
+// requests wait with sequence slots free. A wait that saw no full scrape
+// (a large prompt waiting behind a half-used cache) is not recognized;
+// without /metrics none is. The caller holds o.mu.
+func (o *occupancy) kvHeld(e occEntry, h loadHistory) bool {
+	held := false
+	o.scrapesDuring(e, h, func(_ int64, r engine.Reading) bool {
+		held = r.Waiting > 0 && r.KVCacheUsage >= kvFull // NaN compares false
+		return held
+	})
+	return held
+}
+
+// scrapesDuring calls f with each scrape taken during e's wait, after its
+// arrival and before its first output, the latest first (at most
+// boundSamples), with its time relative to o.epoch, until f returns true.
+// The caller holds o.mu.
+func (o *occupancy) scrapesDuring(e occEntry, h loadHistory, f func(rel int64, r engine.Reading) bool) {
+	if h == nil || e.first <= e.arrive {
+		return
 	}
-	return 0
+	t := o.epoch.Add(time.Duration(e.first))
+	for range boundSamples {
+		smp, ok := h.SampleBefore(t)
+		rel := o.rel(smp.At)
+		if !ok || rel <= e.arrive || f(rel, smp.Read) {
+			return
+		}
+		t = smp.At
+	}
 }

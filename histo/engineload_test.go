@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/anvilproxy/anvilproxy/histo/engine"
 	"github.com/anvilproxy/anvilproxy/proxy"
 )
 
@@ -20,12 +21,16 @@ type fakeLoad struct {
 type loadPoint struct {
 	t                time.Time
 	running, waiting int
+	kv               float64 // KV-cache use, 0..1
 }
 
-func (f *fakeLoad) set(t time.Time, running, waiting int) {
+func (f *fakeLoad) set(t time.Time, running, waiting int) { f.setKV(t, running, waiting, 0) }
+
+// setKV is set with the engine's KV-cache use.
+func (f *fakeLoad) setKV(t time.Time, running, waiting int, kv float64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.points = append(f.points, loadPoint{t, running, waiting})
+	f.points = append(f.points, loadPoint{t, running, waiting, kv})
 }
 
 func (f *fakeLoad) LoadAt(t time.Time) (running, waiting int, ok bool) {
@@ -99,15 +104,16 @@ func TestEngineLoadHiddenQueue(t *testing.T) {
 // (loadHistory), as histo/engine.Scraper does.
 type fakeHistory struct{ fakeLoad }
 
-func (f *fakeHistory) SampleBefore(t time.Time) (at time.Time, running int, ok bool) {
+func (f *fakeHistory) SampleBefore(t time.Time) (engine.Sample, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := len(f.points) - 1; i >= 0; i-- {
 		if p := f.points[i]; p.t.Before(t) {
-			return p.t, p.running, true
+			r := engine.Reading{Running: float64(p.running), Waiting: float64(p.waiting), KVCacheUsage: p.kv}
+			return engine.Sample{At: p.t, Read: r}, true
 		}
 	}
-	return time.Time{}, 0, false
+	return engine.Sample{}, false
 }
 
 // TestEngineLoadWaitedBound: a continuous-batching engine of four

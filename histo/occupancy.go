@@ -368,7 +368,8 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		}
 	}
 	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
-		warn = o.slots.observe(p.streams, p.inEngine, p.tight)
+		kv := p.tight && o.kvHeld(e, load.hist) // the KV cache's wait, not a slot's
+		warn = o.slots.observe(p.streams, p.inEngine, p.tight, kv)
 	}
 	s := o.slots.effective()
 	waited := p.tight && p.inEngine < s && o.slots.state == SlotsHint

@@ -342,14 +342,51 @@ func TestOccupancyAbandonedPrefillOutranEstimate(t *testing.T) {
 func TestSlotLearnerWindow(t *testing.T) {
 	l := newSlotLearner(0)
 	require.Equal(t, 1, l.effective(), "nothing learned: 1")
-	l.observe(5, 5, false)
+	l.observe(5, 5, false, false)
 	require.Equal(t, 5, l.effective())
 	for range slotWindow {
-		l.observe(2, 2, false)
+		l.observe(2, 2, false, false)
 	}
 	require.Equal(t, 2, l.effective(), "the old evidence slid out")
 	require.Equal(t, SlotsLearned, l.section().State)
 	require.Equal(t, Count(-1), l.section().Hint)
+}
+
+// TestSlotLearnerKVBound: issue 23, "a correct hint is never reported as
+// wrong". Behind vLLM with --engine-slots 4 (its max_num_seqs) and a KV
+// cache that holds two requests, requests wait for an end with two in the
+// engine. While the engine's /metrics said its KV cache held requests
+// back (kvHeld), those waits are the cache's: counted as kv_bound, never
+// against the hint. The same waits without that evidence (no /metrics,
+// or a cache with room: a wrong hint of 4 on a 2-slot engine) set the
+// hint aside after hintRefuted, as before.
+func TestSlotLearnerKVBound(t *testing.T) {
+	l := newSlotLearner(4)
+	for range 50 {
+		require.False(t, l.observe(2, 2, true, true))
+	}
+	s := l.section()
+	require.Equal(t, SlotsHint, s.State, "waits the KV cache explains do not refute the hint")
+	require.Equal(t, 4, s.Effective)
+	require.Equal(t, Count(2), s.Learned)
+	require.Equal(t, int64(50), s.Waited)
+	require.Equal(t, int64(50), s.KVBound)
+
+	require.False(t, l.observe(2, 2, false, true), "kvBound without a wait is nothing")
+	require.Equal(t, int64(50), l.section().KVBound)
+	require.False(t, l.observe(2, 2, true, false), "one wait without KV evidence: not yet")
+	require.True(t, l.observe(2, 2, true, false), "the second sets the hint aside")
+	s = l.section()
+	require.Equal(t, SlotsHintHigh, s.State)
+	require.Equal(t, 2, s.Effective)
+
+	for range slotWindow { // the evidence slides out of the window
+		l.observe(4, 4, false, false)
+	}
+	s = l.section()
+	require.Equal(t, SlotsHint, s.State)
+	require.Zero(t, s.KVBound)
+	require.Zero(t, s.Waited)
 }
 
 // TestRecordAllocs: Record, with the timeline, stays free of allocations

@@ -8,7 +8,8 @@ const (
 	maxSlots   = 1024
 	// hintRefuted is the number of requests that waited for a free slot
 	// with fewer streams in the engine than --engine-slots says it has
-	// before the hint is set aside.
+	// before the hint is set aside. A wait the engine's KV cache explains
+	// (kv_bound) is not one of them.
 	hintRefuted = 2
 )
 
@@ -29,6 +30,12 @@ type SlotsSection struct {
 	State        string `json:"state"`
 	Observations int64  `json:"observations"` // requests behind Learned (the last slotWindow)
 	Waited       int64  `json:"waited"`       // of them, those whose first output came right after another's end
+	// KVBound is, of Waited, those during whose wait the engine's /metrics
+	// reported requests waiting with its KV cache at least kvFull used:
+	// the KV cache, not a sequence slot, held them (vLLM under KV
+	// pressure), so they are no evidence against the hint. It says why
+	// fewer than the slots ran at once; 0 without /metrics.
+	KVBound int64 `json:"kv_bound"`
 	// ResponseHead is when the engine sends its response head, as learned
 	// from the traffic (HeadUnknown … HeadFirstOutput): at slot start the
 	// head is the split's evidence (queue_source "headers").
@@ -44,12 +51,14 @@ type slotLearner struct {
 	hint    int
 	streams [slotWindow]uint16 // lower bounds, oldest at next once full
 	waited  [slotWindow]bool   // the request waited for an end (tight)
-	below   [slotWindow]bool   // … with fewer in the engine than the hint
+	below   [slotWindow]bool   // … with fewer in the engine than the hint, not kvBound
+	kv      [slotWindow]bool   // … while the engine said its KV cache held requests back
 	next, n int
 	counts  [maxSlots + 1]int32 // lower bounds in the window, by value
 	top     int                 // no count above it is non-zero
 	nBelow  int                 // waited with fewer in the engine than the hint
 	tight   int                 // waited, any count
+	nKV     int                 // waited while the KV cache held requests back
 	state   string              // last reported state
 }
 
@@ -63,9 +72,10 @@ func newSlotLearner(hint int) slotLearner {
 
 // observe adds one request's evidence: streams, a hard lower bound on the
 // slots, and, when it waited for another's end, inEngine, the requests in
-// the engine then; it reports whether the state has just turned to a
-// disagreement with the hint.
-func (l *slotLearner) observe(streams, inEngine int, waited bool) bool {
+// the engine then, and kvBound, whether the engine reported its KV cache
+// full with requests waiting during that wait (kvHeld); it reports
+// whether the state has just turned to a disagreement with the hint.
+func (l *slotLearner) observe(streams, inEngine int, waited, kvBound bool) bool {
 	streams = min(max(streams, 1), maxSlots)
 	if l.n == slotWindow {
 		old := int(l.streams[l.next])
@@ -76,10 +86,18 @@ func (l *slotLearner) observe(streams, inEngine int, waited bool) bool {
 		if l.below[l.next] {
 			l.nBelow--
 		}
+		if l.kv[l.next] {
+			l.nKV--
+		}
 		l.n--
 	}
-	below := waited && inEngine < l.hint
-	l.streams[l.next], l.waited[l.next], l.below[l.next] = uint16(streams), waited, below
+	kv := waited && kvBound
+	// A wait with fewer in the engine than the hint refutes it only when
+	// a slot, not the KV cache, can have held it: on a continuous-batching
+	// engine short of KV cache a right hint (vLLM's max_num_seqs) sees
+	// requests wait with sequence slots free.
+	below := waited && inEngine < l.hint && !kv
+	l.streams[l.next], l.waited[l.next], l.below[l.next], l.kv[l.next] = uint16(streams), waited, below, kv
 	l.next = (l.next + 1) % slotWindow
 	l.n++
 	l.counts[streams]++
@@ -89,6 +107,9 @@ func (l *slotLearner) observe(streams, inEngine int, waited bool) bool {
 	}
 	if below {
 		l.nBelow++
+	}
+	if kv {
+		l.nKV++
 	}
 	st := l.stateNow()
 	changed := st != l.state && (st == SlotsHintLow || st == SlotsHintHigh)
@@ -132,7 +153,7 @@ func (l *slotLearner) effective() int {
 
 func (l *slotLearner) section() SlotsSection {
 	s := SlotsSection{Hint: -1, Learned: -1, Effective: l.effective(), State: l.state,
-		Observations: int64(l.n), Waited: int64(l.tight)}
+		Observations: int64(l.n), Waited: int64(l.tight), KVBound: int64(l.nKV)}
 	if l.hint > 0 {
 		s.Hint = Count(l.hint)
 	}

@@ -319,20 +319,15 @@ func ratio(engine, proxy float64) float64 {
 	return engine / proxy
 }
 
-// SampleBefore returns the latest sample taken before t, with its time and
-// the engine's running count: the history the split reads back over a
-// request's wait (histo's loadHistory). ok is false when none was kept
-// or the engine exports no running count.
-func (s *Scraper) SampleBefore(t time.Time) (at time.Time, running int, ok bool) {
+// SampleBefore returns the latest sample taken before t: the history the
+// split reads back over a request's wait (histo's loadHistory). ok is
+// false when none was kept.
+func (s *Scraper) SampleBefore(t time.Time) (Sample, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	i := sort.Search(s.n, func(i int) bool { return !s.at(i).At.Before(t) }) - 1
 	if i < 0 {
-		return time.Time{}, 0, false
+		return Sample{}, false
 	}
-	smp := s.at(i)
-	if math.IsNaN(smp.Read.Running) {
-		return time.Time{}, 0, false
-	}
-	return smp.At, int(smp.Read.Running), true
+	return *s.at(i), true
 }

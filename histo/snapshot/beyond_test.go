@@ -154,3 +154,23 @@ func TestKneeLine(t *testing.T) {
 		require.Equal(t, c.want, kneeLine(&c.s))
 	}
 }
+
+// TestReportSlotsKVBound: the report's engine line says why fewer than
+// the slots ran at once when the engine's KV cache held requests back.
+func TestReportSlotsKVBound(t *testing.T) {
+	doc := agentWindows(t, 30)[0]
+	for _, c := range []struct {
+		kv   int64
+		want string
+	}{
+		{0, "engine      4 slots for the occupancy split (hint; --engine-slots 4)\n"},
+		{6, "engine      4 slots for the occupancy split (hint; --engine-slots 4; KV cache held 6 waits)\n"},
+	} {
+		raw, err := json.Marshal(histo.SlotsSection{Hint: 4, Learned: 2, Effective: 4, State: histo.SlotsHint, Waited: 6, KVBound: c.kv})
+		require.NoError(t, err)
+		doc.Anvilproxy.EngineSlots = raw
+		var b strings.Builder
+		require.NoError(t, WriteTable(&b, doc))
+		require.Contains(t, b.String(), c.want)
+	}
+}

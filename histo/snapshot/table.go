@@ -51,7 +51,11 @@ func WriteTable(w io.Writer, doc *Document) error {
 		if slots.Hint >= 0 {
 			hint = fmt.Sprint(slots.Hint)
 		}
-		fmt.Fprintf(&b, "engine      %s for the occupancy split (%s; --engine-slots %s)\n", Plural(int64(slots.Effective), "slot"), slots.State, hint)
+		kv := "" // why fewer than the slots ran at once
+		if slots.KVBound > 0 {
+			kv = fmt.Sprintf("; KV cache held %s", Plural(slots.KVBound, "wait"))
+		}
+		fmt.Fprintf(&b, "engine      %s for the occupancy split (%s; --engine-slots %s%s)\n", Plural(int64(slots.Effective), "slot"), slots.State, hint, kv)
 	}
 	thr := metricNum(doc.Metrics["throughput_tok_s"])
 	fmt.Fprintf(&b, "throughput  %s tok/s output\n", num(thr))
