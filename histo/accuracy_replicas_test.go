@@ -39,17 +39,21 @@ const replicaScrape = time.Second
 // one engine of 2 slots. Each replica sees half the requests ahead of its
 // own, and the occupancy split alone reads the other half's time in the
 // engine as prefill. llama.cpp's own per-request timings (prompt_ms) hold
-// the split whoever else is queued: 16 of 16.
-//
-// What does not hold, measured with this harness (docs/engines.md, "Behind
-// several proxies"): vLLM, whose head leaves at admission and which
-// reports no per-request timing, read 6 of 16 with /metrics every second
-// and 4 of 16 every 100 ms. Its running and waiting counts at a request's
-// admission are those of the last scrape, taken before the burst's other
-// requests arrived, so they show no waiting the replica did not send.
+// the split whoever else is queued. vLLM sends its head at admission and
+// reports no per-request timing, and the engine's running and waiting
+// counts at a request's admission are the last scrape's, taken before the
+// burst's other requests arrived: 4 of 16 (6 of 16 with the replicas'
+// first minutes apart) until the engine's prompt tokens against each
+// replica's (about 2) told it that others share the engine
+// (sharedEngine): 16 of 16.
 func TestQueueAccuracyTwoProxies(t *testing.T) {
 	skipInaccurate(t)
-	runReplicaCase(t, replicaCase{engine: sim.EngineLlamaCpp, slots: 2, bar: 0.95})
+	for _, c := range []replicaCase{
+		{engine: sim.EngineLlamaCpp, slots: 2, bar: 0.95},
+		{engine: sim.EngineVLLM, slots: 2, bar: 0.95},
+	} {
+		t.Run(c.engine.String(), func(t *testing.T) { runReplicaCase(t, c) })
+	}
 }
 
 func runReplicaCase(t *testing.T, c replicaCase) {
@@ -65,13 +69,16 @@ func runReplicaCase(t *testing.T, c replicaCase) {
 		st.rec.SetEngineLoad(sc)
 		require.Eventually(t, func() bool { _, ok := sc.Last(); return ok }, 5*time.Second, 5*time.Millisecond)
 		doors[i] = &accStack{stack: st, sim: s}
-		// Each replica's first minute: cold prompts of 500 to 6,100
-		// tokens, one at a time, so its cost model is ready.
-		for k := range 8 {
-			id := fmt.Sprintf("warm-%d-%d", i, k)
-			sendNatural(t, st.base, burstReq{id: id, body: msgsBody(coldPrompt(id, 500+800*k), 4096), maxTokens: 2})
-		}
-		_, n, ready := st.rec.PrefillRate()
+	}
+	// The replicas' first minute, their traffic shared from the start as
+	// behind a load balancer: cold prompts of 500 to 6,100 tokens, one at
+	// a time, through each in turn, so that each cost model is ready.
+	for k := range 16 {
+		id := fmt.Sprintf("warm-%d", k)
+		sendNatural(t, doors[k%2].base, burstReq{id: id, body: msgsBody(coldPrompt(id, 500+400*k), 4096), maxTokens: 2})
+	}
+	for i, d := range doors {
+		_, n, ready := d.rec.PrefillRate()
 		require.True(t, ready, "proxy %d: %d samples of the cold rate", i, n)
 	}
 	var tally slotTally

@@ -88,6 +88,34 @@ func (l engineLoad) hidden(p placement) bool {
 	return l.ok && l.waiting > 0 && l.running+l.waiting > p.ahead
 }
 
+// SharedPromptRatio is the engine's prompt tokens per prompt token this
+// proxy relayed (engine.Agreement's PromptRatio) above which others are
+// taken to share the engine: other front doors or clients. One proxy
+// alone reads 1 (the counts agree exactly against vLLM, llama.cpp and the
+// sim); two replicas evenly loaded read about 2.
+const SharedPromptRatio = 1.2
+
+// sharedEngine reports whether the engine's /metrics counted clearly more
+// prompt tokens than this proxy relayed. The occupancy split then sees
+// only this proxy's share of the requests ahead, and a burst's load at
+// admission is the last scrape's, taken before the other front doors'
+// requests arrived (docs/engines.md "Behind several proxies": 6 of 16
+// behind two replicas on a vLLM-like engine), so the split takes the cold
+// prefill's account of the wait as it does for waiting it can see
+// (hidden). Safe for concurrent use.
+func (r *Recorder) sharedEngine() bool {
+	b := r.load.Load()
+	if b == nil {
+		return false
+	}
+	rep, ok := b.EngineLoad.(engineReporter)
+	if !ok {
+		return false
+	}
+	g, ok := rep.Agreement()
+	return ok && g.PromptRatio > SharedPromptRatio // NaN compares false
+}
+
 // boundSamples caps the scrapes waitedBound reads back per request: at the
 // default 1 s interval 256 s of wait, at 5 ms 1.3 s (the latest are read
 // first; an earlier scrape only matters when no later one showed the

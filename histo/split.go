@@ -165,9 +165,10 @@ func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	r.head.observe(tr, occQueue, ahead)
 	switch {
 	case done:
-	case p.ok && load.hidden(p):
-		// Waiting the proxy could not see: what the cold prefill leaves of
-		// the time to first output, at least what occupancy found.
+	case p.ok && (load.hidden(p) || r.sharedEngine()):
+		// Waiting the proxy could not see, at its admission or because
+		// others share the engine: what the cold prefill leaves of the
+		// time to first output, at least what occupancy found.
 		sp = engineSplit(tr, p.queue, SourceOccupancy)
 		if msp := modelSplit(tr, rs); msp.OK {
 			pq, _ := tr.ProxyQueue()

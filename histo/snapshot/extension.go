@@ -217,7 +217,7 @@ func (pop *population) sections(ext *Extension) error {
 			eng, latestEngine = p.engine, p.end
 		}
 	}
-	if eng != nil && float64(eng.PromptRatio) > 1.2 {
+	if eng != nil && float64(eng.PromptRatio) > histo.SharedPromptRatio {
 		ext.Notes = append(ext.Notes, fmt.Sprintf("the engine's /metrics counted %.2f× the prompt tokens this proxy relayed (engine.prompt_tokens_ratio): other front doors share the engine, which the occupancy split cannot see; the engine's own counts are its evidence", float64(eng.PromptRatio)))
 	}
 	var engErr error
