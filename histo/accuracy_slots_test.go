@@ -172,7 +172,7 @@ func slotCases() map[slotCell][]slotCase {
 }
 
 // TestQueueAccuracySlots: see the file's comment. The figures per cell go
-// to the log (docs/queue-split.md quotes them). About 30 s.
+// to the log (docs/queue-split.md quotes them). About 35 s without -race.
 func TestQueueAccuracySlots(t *testing.T) {
 	skipInaccurate(t)
 	cells := slotCases()
