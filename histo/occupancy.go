@@ -263,6 +263,7 @@ type priors struct {
 	// reported is set when the engine reported its cached tokens (an
 	// engine without a batch lock: lockable).
 	reported bool
+	fresh    bool // its prompt is new to the engine (freshPrompt): no cache hit shortened its prefill
 }
 
 // place finds tr's queue from the requests ahead of it, learns from it,
@@ -394,7 +395,11 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		if waited {
 			floor = 0 // the end it waited for was chosen by its prefill already
 		}
-		k := earliest(e, ends, min(n-s, c-1), floor)
+		k0 := min(n-s, c-1)
+		k := earliest(e, ends, k0, floor)
+		if k == k0 && !waited && pr.fresh && slotShort(e, ends, k, pr.point) {
+			k, p.inferred = k-1, true // its own split only: its estimate chose the end
+		}
 		// Moved earlier by the floor, the prefill it leaves is the
 		// measured time from that end: the cost model may learn from it
 		// (before the model is ready the floor rests on the fastest
@@ -455,6 +460,39 @@ func earliest(e occEntry, ends []int64, k int, floor time.Duration) int {
 	for k--; k >= 0 && e.first-ends[k] < f; k-- {
 	}
 	return k
+}
+
+// slotShort reports whether e, a request of a fresh prompt placed at
+// ends[k] by the slot count, began one end earlier, at the slot one more
+// would have given it: the prefill from there fits its estimate (at most
+// pointHigh of it) better than the prefill from ends[k] does (closer).
+//
+// A burst reaches the engine within a millisecond, so its first S requests
+// take the S slots at once and the rest queue, each taking the slot the
+// next stream's end frees (ollama lets it go one decode step after the
+// last token). The count the split uses is the most streams seen side by
+// side, and a burst's S-th stream can have overlapped the others for less
+// than overlapTolerance (on 4 slots the 4th stream's output ran 14 ms
+// beside the 3 others'; a prefill of 1,700 tokens from the burst's arrival
+// had its first output after a neighbour's end): 3 slots learned, or a
+// --engine-slots 3 never refuted. Ends of such a burst fall tens of
+// milliseconds apart, and the queued requests were placed one end late:
+// 26–34 ms too much queue, their prefill 0.58 of the estimate where the
+// end before gives 0.98 (TestQueueAccuracySlots, 4 slots: 2–3 of 24
+// requests per cell). A fresh prompt (freshPrompt) cannot have been
+// shortened by a cache hit the evidence missed, so a prefill that short is
+// a start that early. The count is not raised by it: a learned count is
+// what was seen at once, and an estimate is no such evidence.
+func slotShort(e occEntry, ends []int64, k int, point time.Duration) bool {
+	if point <= 0 || k < 0 {
+		return false
+	}
+	at := e.arrive
+	if k > 0 {
+		at = max(at, ends[k-1])
+	}
+	from, gap := e.first-at, e.first-ends[k]
+	return float64(from) <= pointHigh*float64(point)+float64(pointSlack) && closer(from, gap, point)
 }
 
 // pointFits reports whether a prefill of gap fits the point estimate and

@@ -634,6 +634,21 @@ func (r *Recorder) abandonedPrefill(tr *proxy.Trace, rs rates) time.Duration {
 	return seconds(n * rs.fit.slowest)
 }
 
+// freshShare: a prompt of which the proxy saw no earlier request send
+// more than this share is new to the engine (its chat template aside).
+const freshShare = 0.05
+
+// freshPrompt reports whether tr's prompt is new to the engine by the
+// evidence: it reported no cached tokens, or, reporting none, the proxy
+// saw no earlier request send more than freshShare of it. No cache hit
+// the evidence missed can then have shortened its prefill.
+func freshPrompt(tr *proxy.Trace) bool {
+	if tr.CachedTokens >= 0 {
+		return tr.CachedTokens == 0
+	}
+	return tr.Prefix.Tracked && tr.Prefix.Reuse < freshShare
+}
+
 // seconds is s seconds as a Duration.
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 

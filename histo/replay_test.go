@@ -261,7 +261,8 @@ var replayBars = map[int]float64{1: 1, 2: 0.95, 4: 0.95}
 // and 773 (86.3%); session 11's: 512, 341 (88.8%) and 776 (86.6%);
 // with waitedWithLock: 512, 342 (89.1%) and 776; session 17 added its
 // live run at host load 3.3 (*-s17run01.json, the replay equal to the
-// live verdicts): 545 of 556, 361 of 408 (88.5%) and 829 of 952 (87.1%).
+// live verdicts): 545 of 556, 361 of 408 (88.5%) and 829 of 952 (87.1%);
+// with slotShort: 545, 364 (89.2%) and 829.
 var replayBarsLoaded = map[int]float64{1: 0.96, 2: 0.85, 4: 0.84}
 
 // decodeTraces decodes captured Traces. The prefix tracker's enums
