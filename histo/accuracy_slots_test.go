@@ -20,7 +20,8 @@ import (
 )
 
 // The multi-slot accuracy tests (issue 23): engines of 2, 3 and 4 slots and
-// a continuous-batching engine of many, bursts of 4 and 8 requests of
+// continuous-batching engines of 8 and 32 sequences, bursts of 4 and 8
+// requests (16 on 8 sequences, so that half of each burst waits) of
 // mixed prompt and output lengths that stop by themselves (so that an
 // engine that frees the slot at the stream's end takes its one more decode
 // step), given no hint, the right --engine-slots and a wrong one. Bar: at
@@ -168,16 +169,22 @@ func slotCases() map[slotCell][]slotCase {
 		add(rightHint, slotCase{engine: sim.EngineVLLM, slots: 32, burst: burst, hint: 32})
 		add(wrongHint, slotCase{engine: sim.EngineVLLM, slots: 32, burst: burst, hint: burst / 2})
 	}
+	// One of 8 sequences, in bursts of twice that: half of each burst
+	// waits for the first half's ends.
+	add(noHint, slotCase{engine: sim.EngineVLLM, slots: 8, burst: 16})
+	add(rightHint, slotCase{engine: sim.EngineVLLM, slots: 8, burst: 16, hint: 8})
+	add(wrongHint, slotCase{engine: sim.EngineVLLM, slots: 8, burst: 16, hint: 12})
+	add(wrongHint, slotCase{engine: sim.EngineVLLM, slots: 8, burst: 16, hint: 6})
 	return cells
 }
 
 // TestQueueAccuracySlots: see the file's comment. The figures per cell go
-// to the log (docs/queue-split.md quotes them). About 35 s without -race.
+// to the log (docs/queue-split.md quotes them). About 45 s without -race.
 func TestQueueAccuracySlots(t *testing.T) {
 	skipInaccurate(t)
 	cells := slotCases()
 	for _, kind := range []string{noHint, rightHint, wrongHint} {
-		for _, slots := range []int{2, 3, 4, 32} {
+		for _, slots := range []int{2, 3, 4, 8, 32} {
 			cell := slotCell{slots, kind}
 			var all slotTally
 			var worst time.Duration
