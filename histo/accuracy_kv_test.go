@@ -95,7 +95,7 @@ func runKVCase(t *testing.T, b kvBurst, c kvCase) {
 	st := newStack(t, up, proxy.Config{}, histo.Config{EngineSlots: c.hint})
 	acc := &accStack{stack: st, sim: s}
 	if c.scrape {
-		scrapeEngine(t, st, up)
+		scrapeEngine(t, st, up, kvScrape)
 	}
 	acc.send(t, "warm", msgsBody(coldPrompt("warm", 1000), 3))
 	acc.burst(t, b.reqs)
@@ -149,10 +149,10 @@ func runKVCase(t *testing.T, b kvBurst, c kvCase) {
 	}
 }
 
-// scrapeEngine scrapes the engine at up every kvScrape into st's Recorder
+// scrapeEngine scrapes the engine at up every interval into st's Recorder
 // until the test ends, and waits for the first scrape.
-func scrapeEngine(t *testing.T, st *stack, up string) {
-	sc := engine.New(engine.Config{URL: up + "/metrics", Interval: kvScrape, Totals: st.rec.EngineTotals})
+func scrapeEngine(t *testing.T, st *stack, up string, interval time.Duration) {
+	sc := engine.New(engine.Config{URL: up + "/metrics", Interval: interval, Totals: st.rec.EngineTotals})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { sc.Run(ctx) })
@@ -175,7 +175,7 @@ func TestWrongHintSetAsideWithMetrics(t *testing.T) {
 		t.Run(fmt.Sprint("hint", c.hint), func(t *testing.T) {
 			s, up := simServer(t, kvEngine(sim.TimingNone, 0))
 			st := newStack(t, up, proxy.Config{}, histo.Config{EngineSlots: c.hint})
-			scrapeEngine(t, st, up)
+			scrapeEngine(t, st, up, kvScrape)
 			acc := &accStack{stack: st, sim: s}
 			acc.send(t, "warm", msgsBody(coldPrompt("warm", 1000), 3))
 			acc.burst(t, coldBurst("roomy", 8, 40))

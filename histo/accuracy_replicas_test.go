@@ -1,16 +1,13 @@
 package histo_test
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/histo"
-	"github.com/anvilproxy/anvilproxy/histo/engine"
 	"github.com/anvilproxy/anvilproxy/proxy"
 	"github.com/anvilproxy/anvilproxy/proxy/sim"
 )
@@ -61,13 +58,7 @@ func runReplicaCase(t *testing.T, c replicaCase) {
 	var doors [2]*accStack
 	for i := range doors {
 		st := newStack(t, up, proxy.Config{}, histo.Config{})
-		sc := engine.New(engine.Config{URL: up + "/metrics", Interval: replicaScrape, Totals: st.rec.EngineTotals})
-		ctx, cancel := context.WithCancel(context.Background())
-		var wg sync.WaitGroup
-		wg.Go(func() { sc.Run(ctx) })
-		t.Cleanup(func() { cancel(); wg.Wait() })
-		st.rec.SetEngineLoad(sc)
-		require.Eventually(t, func() bool { _, ok := sc.Last(); return ok }, 5*time.Second, 5*time.Millisecond)
+		scrapeEngine(t, st, up, replicaScrape)
 		doors[i] = &accStack{stack: st, sim: s}
 	}
 	// The replicas' first minute, their traffic shared from the start as

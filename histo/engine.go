@@ -124,14 +124,21 @@ type engineReporter interface {
 	Agreement() (engine.Agreement, bool)
 }
 
+// reporter is the EngineLoad as an engineReporter: false without a
+// scraper, or with an EngineLoad that is not one. Safe for concurrent use.
+func (r *Recorder) reporter() (engineReporter, bool) {
+	b := r.load.Load()
+	if b == nil {
+		return nil, false
+	}
+	rep, ok := b.EngineLoad.(engineReporter)
+	return rep, ok
+}
+
 // engineSection reads the engine's /metrics as last scraped; nil when no
 // scraper is set. Safe for concurrent use.
 func (r *Recorder) engineSection() *EngineSection {
-	b := r.load.Load()
-	if b == nil {
-		return nil
-	}
-	rep, ok := b.EngineLoad.(engineReporter)
+	rep, ok := r.reporter()
 	if !ok {
 		return nil
 	}

@@ -99,16 +99,12 @@ const SharedPromptRatio = 1.2
 // prompt tokens than this proxy relayed. The occupancy split then sees
 // only this proxy's share of the requests ahead, and a burst's load at
 // admission is the last scrape's, taken before the other front doors'
-// requests arrived (docs/engines.md "Behind several proxies": 6 of 16
+// requests arrived (docs/engines.md "Behind several proxies": 4 of 16
 // behind two replicas on a vLLM-like engine), so the split takes the cold
 // prefill's account of the wait as it does for waiting it can see
 // (hidden). Safe for concurrent use.
 func (r *Recorder) sharedEngine() bool {
-	b := r.load.Load()
-	if b == nil {
-		return false
-	}
-	rep, ok := b.EngineLoad.(engineReporter)
+	rep, ok := r.reporter()
 	if !ok {
 		return false
 	}
