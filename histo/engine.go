@@ -62,11 +62,16 @@ func (f *EngineFigures) setLoad(l engineLoad) {
 // /metrics (engine.Scraper.Agreement). Atomic: Record adds, the scraper
 // reads from its goroutine.
 type proxyTotals struct {
-	prompt, output atomic.Int64
-	prefillNs      atomic.Int64
+	prompt, output        atomic.Int64
+	prefillNs             atomic.Int64
+	requests, unaccounted atomic.Int64
 }
 
 func (t *proxyTotals) add(rq *Request) {
+	t.requests.Add(1)
+	if rq.Failed || !rq.UsageSeen || rq.PromptTokens < 0 {
+		t.unaccounted.Add(1)
+	}
 	if rq.Failed {
 		return
 	}
@@ -90,6 +95,8 @@ func (r *Recorder) EngineTotals() engine.Totals {
 		PromptTokens: float64(r.totals.prompt.Load()),
 		OutputTokens: float64(r.totals.output.Load()),
 		PrefillSecs:  time.Duration(r.totals.prefillNs.Load()).Seconds(),
+		Requests:     float64(r.totals.requests.Load()),
+		Unaccounted:  float64(r.totals.unaccounted.Load()),
 	}
 }
 

@@ -95,6 +95,14 @@ func (l engineLoad) hidden(p placement) bool {
 // sim); two replicas evenly loaded read about 2.
 const SharedPromptRatio = 1.2
 
+// sharedUnaccounted is the most of this proxy's requests whose prompt
+// tokens it does not know (failed, or streamed without usage:
+// engine.Agreement's UnaccountedShare) for the prompt ratio to say that
+// others share the engine: the engine counts theirs, so a proxy alone
+// whose clients leave early or ask no usage would read above
+// SharedPromptRatio by itself.
+const sharedUnaccounted = 0.05
+
 // sharedEngine reports whether the engine's /metrics counted clearly more
 // prompt tokens than this proxy relayed. The occupancy split then sees
 // only this proxy's share of the requests ahead, and a burst's load at
@@ -109,7 +117,7 @@ func (r *Recorder) sharedEngine() bool {
 		return false
 	}
 	g, ok := rep.Agreement()
-	return ok && g.PromptRatio > SharedPromptRatio // NaN compares false
+	return ok && g.PromptRatio > SharedPromptRatio && g.UnaccountedShare <= sharedUnaccounted // NaN compares false
 }
 
 // boundSamples caps the scrapes waitedBound reads back per request: at the

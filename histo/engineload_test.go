@@ -1,6 +1,7 @@
 package histo
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -158,4 +159,38 @@ func TestEngineLoadWaitedBound(t *testing.T) {
 	rq, _ = run(10, 3)
 	require.Equal(t, SourceOccupancy, rq.QueueSource)
 	require.Equal(t, Span(0), rq.Queue)
+}
+
+// fakeReporter is a scraper's Agreement alone, for sharedEngine.
+type fakeReporter struct {
+	fakeLoad
+	g engine.Agreement
+}
+
+func (f *fakeReporter) Status() (engine.State, int64, error) { return engine.StateOK, 0, nil }
+func (f *fakeReporter) Last() (engine.Sample, bool)          { return engine.Sample{}, false }
+func (f *fakeReporter) Agreement() (engine.Agreement, bool)  { return f.g, true }
+
+// TestSharedEngine: the engine's prompt tokens at twice the proxy's say
+// others share it, unless the proxy does not know the prompt tokens of
+// more than sharedUnaccounted of its own requests (its clients left, or
+// streamed without usage): the engine counted those, so a proxy alone
+// reads above SharedPromptRatio too.
+func TestSharedEngine(t *testing.T) {
+	r, _, _ := newTest(t, Config{})
+	require.False(t, r.sharedEngine(), "no scraper")
+	for _, c := range []struct {
+		ratio, unaccounted float64
+		shared             bool
+	}{
+		{2, 0, true},
+		{2, 0.05, true},
+		{1.1, 0, false},
+		{2, 0.3, false},
+		{math.NaN(), 0, false},
+		{2, math.NaN(), false},
+	} {
+		r.SetEngineLoad(&fakeReporter{g: engine.Agreement{PromptRatio: c.ratio, UnaccountedShare: c.unaccounted}})
+		require.Equal(t, c.shared, r.sharedEngine(), "ratio %v, unaccounted %v", c.ratio, c.unaccounted)
+	}
 }

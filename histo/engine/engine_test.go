@@ -217,15 +217,21 @@ func TestAgreement(t *testing.T) {
 	page := &enginePage{}
 	srv := httptest.NewServer(page)
 	defer srv.Close()
-	var proxyPrompt atomic.Int64
-	s := New(Config{URL: srv.URL, Totals: func() Totals { return Totals{PromptTokens: float64(proxyPrompt.Load())} }})
+	var proxyPrompt, requests, unaccounted atomic.Int64
+	s := New(Config{URL: srv.URL, Totals: func() Totals {
+		return Totals{PromptTokens: float64(proxyPrompt.Load()), Requests: float64(requests.Load()), Unaccounted: float64(unaccounted.Load())}
+	}})
 	_, ok := s.Agreement()
 	require.False(t, ok)
 	page.prompt.Store(100)
 	proxyPrompt.Store(40)
+	requests.Store(7)
+	unaccounted.Store(5) // before the interval: not counted
 	require.NoError(t, s.Scrape(context.Background()))
 	page.prompt.Store(300)
 	proxyPrompt.Store(140)
+	requests.Store(27)
+	unaccounted.Store(6)
 	require.NoError(t, s.Scrape(context.Background()))
 	g, ok := s.Agreement()
 	require.True(t, ok)
@@ -233,6 +239,7 @@ func TestAgreement(t *testing.T) {
 	require.InDelta(t, 200, g.EnginePrompt, 1e-9)
 	require.InDelta(t, 100, g.ProxyPrompt, 1e-9)
 	require.InDelta(t, 2, g.PromptRatio, 1e-9)
+	require.InDelta(t, 0.05, g.UnaccountedShare, 1e-9, "1 of the interval's 20 requests")
 	require.True(t, math.IsNaN(g.OutputRatio), "no output on either side: no ratio")
 	require.True(t, math.IsNaN(g.PrefillRatio))
 }

@@ -42,9 +42,13 @@ type Config struct {
 
 // Totals are the proxy's own cumulative counts, to hold against the
 // engine's: prompt and output tokens from usage, and the split's prefill
-// seconds, for successful inference requests.
+// seconds, for successful inference requests; and the inference requests
+// it recorded, of which Unaccounted have no prompt tokens in PromptTokens
+// (failed, or streamed without a usage chunk) though the engine may have
+// counted theirs.
 type Totals struct {
 	PromptTokens, OutputTokens, PrefillSecs float64
+	Requests, Unaccounted                   float64
 }
 
 // Sample is one scrape: when, what the engine said, and the proxy's
@@ -286,6 +290,11 @@ type Agreement struct {
 	EnginePrefill float64 // seconds
 	ProxyPrefill  float64
 	PrefillRatio  float64
+	// UnaccountedShare is the share of the proxy's requests over the
+	// interval whose prompt tokens it does not know (Totals.Unaccounted):
+	// a PromptRatio above 1 says others share the engine only when it is
+	// small. NaN without requests.
+	UnaccountedShare float64
 }
 
 // Agreement compares the totals over the kept samples.
@@ -309,6 +318,7 @@ func (s *Scraper) Agreement() (Agreement, bool) {
 	g.PromptRatio = ratio(g.EnginePrompt, g.ProxyPrompt)
 	g.OutputRatio = ratio(g.EngineOutput, g.ProxyOutput)
 	g.PrefillRatio = ratio(g.EnginePrefill, g.ProxyPrefill)
+	g.UnaccountedShare = ratio(b.Proxy.Unaccounted-a.Proxy.Unaccounted, b.Proxy.Requests-a.Proxy.Requests)
 	return g, true
 }
 
