@@ -58,8 +58,9 @@ func (f *EngineFigures) setLoad(l engineLoad) {
 }
 
 // proxyTotals are the proxy's own cumulative counts of successful
-// inference requests, for the agreement check against the engine's
-// /metrics (engine.Scraper.Agreement). Atomic: Record adds, the scraper
+// inference requests, and of the requests it recorded and those of them
+// whose prompt tokens the engine counted but it does not know, for the
+// agreement check against the engine's /metrics (engine.Scraper.Agreement). Atomic: Record adds, the scraper
 // reads from its goroutine.
 type proxyTotals struct {
 	prompt, output        atomic.Int64
@@ -67,9 +68,12 @@ type proxyTotals struct {
 	requests, unaccounted atomic.Int64
 }
 
-func (t *proxyTotals) add(rq *Request) {
+// add counts rq; sent says it reached the engine (it was written
+// upstream): only such a request can be among the engine's counts and
+// missing from the proxy's (unaccounted).
+func (t *proxyTotals) add(rq *Request, sent bool) {
 	t.requests.Add(1)
-	if rq.Failed || !rq.UsageSeen || rq.PromptTokens < 0 {
+	if sent && (rq.Failed || !rq.UsageSeen || rq.PromptTokens < 0) {
 		t.unaccounted.Add(1)
 	}
 	if rq.Failed {

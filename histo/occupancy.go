@@ -376,8 +376,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	waited := p.tight && p.inEngine < s && o.slots.state == SlotsHint
 	if !waited && own > 0 && o.slots.state == SlotsHint {
 		s, waited = own, true // its own split only: no evidence against the hint
-	}
-	if waited {
+	} else if waited {
 		// It waited for an end earlier slots than the hint allows would
 		// not have made it wait for: its own evidence against the hint,
 		// before the hint is set aside. A learned count is never lowered

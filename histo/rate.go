@@ -646,7 +646,7 @@ func freshPrompt(tr *proxy.Trace) bool {
 	if tr.CachedTokens >= 0 {
 		return tr.CachedTokens == 0
 	}
-	return tr.Prefix.Tracked && tr.Prefix.Reuse < freshShare
+	return tr.Prefix.Tracked && tr.Prefix.Reuse >= 0 && tr.Prefix.Reuse < freshShare // -1: unknown
 }
 
 // seconds is s seconds as a Duration.

@@ -230,7 +230,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	v := evalPhases(tr, &sp)
 	newRequest(&rq, tr, sp, &v)
 	rq.Engine.setLoad(r.loadAt(tr))
-	r.totals.add(&rq)
+	r.totals.add(&rq, !tr.Sent.IsZero())
 	// An engine that reports its cached tokens, or whose head leaves at
 	// admission (a shared prefix cache), is not replayed: its requests
 	// only go by in the slot cache's admission order. One whose head is

@@ -120,7 +120,12 @@ func (rs *Records) add(rq *Request) {
 // copied, so rs's later additions (appends beyond those lengths, new
 // chunks) are not seen. Called under the lock that guards rs.
 func (rs Records) view() Records {
-	return Records{chunks: slices.Clone(rs.chunks)}
+	v := Records{chunks: slices.Clone(rs.chunks)}
+	if n := len(v.chunks); n > 0 {
+		last := v.chunks[n-1]
+		v.chunks[n-1] = last[:len(last):len(last)] // no spare capacity: an add to the view cannot write into rs
+	}
+	return v
 }
 
 // window is the current window's state apart from its histograms, which

@@ -43,9 +43,9 @@ type Config struct {
 // Totals are the proxy's own cumulative counts, to hold against the
 // engine's: prompt and output tokens from usage, and the split's prefill
 // seconds, for successful inference requests; and the inference requests
-// it recorded, of which Unaccounted have no prompt tokens in PromptTokens
-// (failed, or streamed without a usage chunk) though the engine may have
-// counted theirs.
+// it recorded, of which Unaccounted reached the engine but have no prompt
+// tokens in PromptTokens (failed, or streamed without a usage chunk),
+// though the engine may have counted theirs.
 type Totals struct {
 	PromptTokens, OutputTokens, PrefillSecs float64
 	Requests, Unaccounted                   float64
