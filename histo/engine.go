@@ -125,6 +125,14 @@ type EngineSection struct {
 	EnginePrefill    Float `json:"engine_prefill_seconds"`
 	ProxyPrefill     Float `json:"proxy_prefill_seconds"`
 	PrefillRatio     Float `json:"prefill_seconds_ratio"`
+	// UnaccountedShare is the share of the proxy's requests over the
+	// same interval whose prompt tokens it does not know (failed, or
+	// streamed without usage); Shared whether others share the engine as
+	// the split reads it (sharesEngine): "yes", "no", or "unknown" when
+	// the prompt ratio is above SharedPromptRatio but UnaccountedShare is
+	// too large to tell.
+	UnaccountedShare Float  `json:"unaccounted_share"`
+	Shared           string `json:"shared"`
 }
 
 // engineReporter is what engineSection needs of the EngineLoad: the
@@ -157,7 +165,7 @@ func (r *Recorder) engineSection() *EngineSection {
 	st, _, _ := rep.Status()
 	s := &EngineSection{State: st.String(), Kind: engine.KindUnknown.String(), Running: nan, Waiting: nan, KVCacheUsage: nan,
 		AgreementSeconds: nan, EnginePrompt: nan, ProxyPrompt: nan, PromptRatio: nan, EngineOutput: nan, ProxyOutput: nan,
-		OutputRatio: nan, EnginePrefill: nan, ProxyPrefill: nan, PrefillRatio: nan}
+		OutputRatio: nan, EnginePrefill: nan, ProxyPrefill: nan, PrefillRatio: nan, UnaccountedShare: nan, Shared: SharedNo}
 	if smp, ok := rep.Last(); ok {
 		s.Kind = smp.Read.Kind.String()
 		s.Running, s.Waiting, s.KVCacheUsage = Float(smp.Read.Running), Float(smp.Read.Waiting), Float(smp.Read.KVCacheUsage)
@@ -167,6 +175,7 @@ func (r *Recorder) engineSection() *EngineSection {
 		s.EnginePrompt, s.ProxyPrompt, s.PromptRatio = Float(g.EnginePrompt), Float(g.ProxyPrompt), Float(g.PromptRatio)
 		s.EngineOutput, s.ProxyOutput, s.OutputRatio = Float(g.EngineOutput), Float(g.ProxyOutput), Float(g.OutputRatio)
 		s.EnginePrefill, s.ProxyPrefill, s.PrefillRatio = Float(g.EnginePrefill), Float(g.ProxyPrefill), Float(g.PrefillRatio)
+		s.UnaccountedShare, s.Shared = Float(g.UnaccountedShare), sharesEngine(g)
 	}
 	return s
 }

@@ -101,6 +101,8 @@ func TestEngineMetricsThroughProxy(t *testing.T) {
 	require.Equal(t, "ok", sec.State)
 	require.Equal(t, "llamacpp", sec.Kind)
 	require.InDelta(t, g2.PromptRatio, float64(sec.PromptRatio), 1e-9)
+	require.Equal(t, histo.SharedYes, sec.Shared, "every request through the proxy has its usage")
+	require.InDelta(t, 0, float64(sec.UnaccountedShare), 1e-9)
 	require.Contains(t, strings.Join(doc.Anvilproxy.Notes, "\n"), "other front doors share the engine")
 }
 

@@ -117,7 +117,28 @@ func (r *Recorder) sharedEngine() bool {
 		return false
 	}
 	g, ok := rep.Agreement()
-	return ok && g.PromptRatio > SharedPromptRatio && g.UnaccountedShare <= sharedUnaccounted // NaN compares false
+	return ok && sharesEngine(g) == SharedYes
+}
+
+// Whether others share the engine, as the agreement tells it: the one
+// reading of it, for the split (sharedEngine) and the snapshot's engine
+// section (EngineSection.Shared).
+const (
+	SharedNo      = "no"      // the prompt ratio is at most SharedPromptRatio, or unknown
+	SharedYes     = "yes"     // above it, and the proxy knows the prompt tokens of nearly all its requests
+	SharedUnknown = "unknown" // above it, but too many of the proxy's requests have prompt tokens it does not know
+)
+
+// sharesEngine reads an agreement: SharedYes, SharedNo or SharedUnknown.
+func sharesEngine(g engine.Agreement) string {
+	switch {
+	case !(g.PromptRatio > SharedPromptRatio): // NaN: no traffic, or no counter
+		return SharedNo
+	case g.UnaccountedShare <= sharedUnaccounted:
+		return SharedYes
+	default:
+		return SharedUnknown
+	}
 }
 
 // boundSamples caps the scrapes waitedBound reads back per request: at the

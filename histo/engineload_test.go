@@ -175,22 +175,26 @@ func (f *fakeReporter) Agreement() (engine.Agreement, bool)  { return f.g, true 
 // others share it, unless the proxy does not know the prompt tokens of
 // more than sharedUnaccounted of its own requests (its clients left, or
 // streamed without usage): the engine counted those, so a proxy alone
-// reads above SharedPromptRatio too.
+// reads above SharedPromptRatio too, and the verdict is unknown; the split
+// moves only on yes.
 func TestSharedEngine(t *testing.T) {
 	r, _, _ := newTest(t, Config{})
 	require.False(t, r.sharedEngine(), "no scraper")
 	for _, c := range []struct {
 		ratio, unaccounted float64
-		shared             bool
+		verdict            string
 	}{
-		{2, 0, true},
-		{2, 0.05, true},
-		{1.1, 0, false},
-		{2, 0.3, false},
-		{math.NaN(), 0, false},
-		{2, math.NaN(), false},
+		{2, 0, SharedYes},
+		{2, 0.05, SharedYes},
+		{1.1, 0, SharedNo},
+		{1.1, 0.3, SharedNo},
+		{2, 0.3, SharedUnknown},
+		{math.NaN(), 0, SharedNo},
+		{2, math.NaN(), SharedUnknown},
 	} {
-		r.SetEngineLoad(&fakeReporter{g: engine.Agreement{PromptRatio: c.ratio, UnaccountedShare: c.unaccounted}})
-		require.Equal(t, c.shared, r.sharedEngine(), "ratio %v, unaccounted %v", c.ratio, c.unaccounted)
+		g := engine.Agreement{PromptRatio: c.ratio, UnaccountedShare: c.unaccounted}
+		require.Equal(t, c.verdict, sharesEngine(g), "ratio %v, unaccounted %v", c.ratio, c.unaccounted)
+		r.SetEngineLoad(&fakeReporter{g: g})
+		require.Equal(t, c.verdict == SharedYes, r.sharedEngine(), "ratio %v, unaccounted %v", c.ratio, c.unaccounted)
 	}
 }

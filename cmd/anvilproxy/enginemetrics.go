@@ -129,5 +129,7 @@ func registerEngineMetrics(reg prometheus.Registerer, s *engine.Scraper) {
 			agree(func(g engine.Agreement) float64 { return g.OutputRatio })),
 		gauge("anvilproxy_engine_prefill_seconds_ratio", "Engine ÷ proxy prefill seconds over the scraper's window (the engine's prompt time against the split's prefill).",
 			agree(func(g engine.Agreement) float64 { return g.PrefillRatio })),
+		gauge("anvilproxy_engine_unaccounted_share", "Share of this proxy's requests over the scraper's window whose prompt tokens it does not know (failed, or streamed without usage): above 0.05 the prompt tokens ratio cannot tell whether others share the engine.",
+			agree(func(g engine.Agreement) float64 { return g.UnaccountedShare })),
 	)
 }

@@ -31,7 +31,8 @@ console.log(d.countsText([{failed: true, error_kind: "client_gone", status: 499}
 console.log(d.countsText([{failed: false}]));
 console.log(JSON.stringify(d.engineView({state: "ok", kind: "llamacpp", running: 1, waiting: 2, kv_cache_usage: null,
   engine_prompt_tokens: 24, proxy_prompt_tokens: 18, prompt_tokens_ratio: 1.3333, engine_output_tokens: 120, proxy_output_tokens: 100,
-  output_tokens_ratio: 1.2, engine_prefill_seconds: 0.0148, proxy_prefill_seconds: 0.0088, prefill_seconds_ratio: null})));
+  output_tokens_ratio: 1.2, engine_prefill_seconds: 0.0148, proxy_prefill_seconds: 0.0088, prefill_seconds_ratio: null, shared: "yes", unaccounted_share: 0})));
+console.log(JSON.stringify(d.engineView({state: "ok", kind: "vllm", shared: "unknown", unaccounted_share: 0.25}).pairs.slice(-1)));
 console.log(JSON.stringify(d.engineView({state: "absent"})) + JSON.stringify(d.engineView(null)));
 console.log(d.driftRows([{at: "2026-01-01T00:00:03Z"}, {at: "2026-01-01T00:00:01Z"}, {at: "2026-01-01T00:00:04Z"}, {at: "2026-01-01T00:00:02Z"}], 3).map((e) => e.at.slice(17, 19)).join(" "));
 `
@@ -46,7 +47,8 @@ console.log(d.driftRows([{at: "2026-01-01T00:00:03Z"}, {at: "2026-01-01T00:00:01
 		"0, 5m, 10m, 15m, 20m",
 		"5 requests, 4 failed (1 abandoned, 2 refused, 1 error)",
 		"1 request, 0 failed",
-		`{"big":"1.33×","pairs":[["engine","llamacpp"],["running","1"],["waiting","2"],["KV cache","–"],["prompt tok engine / proxy","24 / 18 (1.33×)"],["output tok engine / proxy","120 / 100 (1.20×)"],["prefill s engine / proxy","0.01 / 0.01 (–)"]]}`,
+		`{"big":"1.33×","pairs":[["engine","llamacpp"],["running","1"],["waiting","2"],["KV cache","–"],["prompt tok engine / proxy","24 / 18 (1.33×)"],["output tok engine / proxy","120 / 100 (1.20×)"],["prefill s engine / proxy","0.01 / 0.01 (–)"],["others share it","yes"]]}`,
+		`[["others share it","unknown (25% of requests without usage)"]]`,
 		`{"empty":"the engine exports no /metrics (ollama; llama-server without --metrics)"}{"empty":"not scraped: --engine-metrics is off"}`,
 		"02 03 04",
 	}, strings.Split(strings.TrimSpace(string(out)), "\n"))

@@ -244,3 +244,21 @@ func TestEngineFiguresInTimings(t *testing.T) {
 	require.Equal(t, histo.Count(-1), none.EnginePromptEvalTokens)
 	require.Equal(t, histo.Count(-1), none.EngineRunningAtAdmit, "no engine /metrics")
 }
+
+// TestSharedNotes: the snapshot says what the engine section's verdict on
+// other front doors meant for the split, and only the verdict: a ratio
+// above SharedPromptRatio with many requests of unknown prompt tokens is
+// "cannot be told", not "others share the engine".
+func TestSharedNotes(t *testing.T) {
+	require.Empty(t, sharedNotes(nil))
+	require.Empty(t, sharedNotes(&histo.EngineSection{Shared: histo.SharedNo, PromptRatio: 1}))
+	yes := sharedNotes(&histo.EngineSection{Shared: histo.SharedYes, PromptRatio: 2, UnaccountedShare: 0})
+	require.Len(t, yes, 1)
+	require.Contains(t, yes[0], "2.00× the prompt tokens")
+	require.Contains(t, yes[0], "other front doors share the engine")
+	unknown := sharedNotes(&histo.EngineSection{Shared: histo.SharedUnknown, PromptRatio: 1.5, UnaccountedShare: 0.3})
+	require.Len(t, unknown, 1)
+	require.Contains(t, unknown[0], "30% of its requests")
+	require.Contains(t, unknown[0], "cannot be told")
+	require.NotContains(t, unknown[0], "other front doors share the engine,")
+}

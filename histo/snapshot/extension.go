@@ -217,9 +217,7 @@ func (pop *population) sections(ext *Extension) error {
 			eng, latestEngine = p.engine, p.end
 		}
 	}
-	if eng != nil && float64(eng.PromptRatio) > histo.SharedPromptRatio {
-		ext.Notes = append(ext.Notes, fmt.Sprintf("the engine's /metrics counted %.2f× the prompt tokens this proxy relayed (engine.prompt_tokens_ratio): other front doors share the engine, which the occupancy split cannot see; the engine's own counts are its evidence", float64(eng.PromptRatio)))
-	}
+	ext.Notes = append(ext.Notes, sharedNotes(eng)...)
 	var engErr error
 	ext.Engine, engErr = rawSection(eng)
 	cache := histo.MergeCache(caches...)
@@ -398,4 +396,19 @@ func rawSection[T any](v *T) (json.RawMessage, error) {
 		return nil, fmt.Errorf("snapshot: encoding a section: %w", err)
 	}
 	return b, nil
+}
+
+// sharedNotes says what the engine section's Shared verdict means for the
+// split: nothing when no one else shares the engine.
+func sharedNotes(eng *histo.EngineSection) []string {
+	if eng == nil {
+		return nil
+	}
+	switch eng.Shared {
+	case histo.SharedYes:
+		return []string{fmt.Sprintf("the engine's /metrics counted %.2f× the prompt tokens this proxy relayed (engine.prompt_tokens_ratio): other front doors share the engine, which the occupancy split cannot see; the split took the cold prefill's account of the wait (queue_source engine_load)", float64(eng.PromptRatio))}
+	case histo.SharedUnknown:
+		return []string{fmt.Sprintf("the engine's /metrics counted %.2f× the prompt tokens this proxy relayed, but %.0f%% of its requests have prompt tokens it does not know (engine.unaccounted_share: failed, or streamed without usage; --inject-usage asks for it), so whether other front doors share the engine cannot be told: the split assumed they do not", float64(eng.PromptRatio), 100*float64(eng.UnaccountedShare))}
+	}
+	return nil
 }

@@ -110,9 +110,10 @@
   }
 
   // engineView reads the snapshot's engine section (docs/engines.md): the
-  // engine's own running and waiting counts and its token and prefill
-  // totals against the proxy's, engine ÷ proxy (1.00× when the proxy sees
-  // all of the engine's traffic). It returns {empty} or {big, pairs}.
+  // engine's own running and waiting counts, its token and prefill totals
+  // against the proxy's, engine ÷ proxy (1.00× when the proxy sees all of
+  // the engine's traffic), and whether the split reads that others share
+  // the engine (shared). It returns {empty} or {big, pairs}.
   function engineView(e) {
     if (!e) return { empty: "not scraped: --engine-metrics is off" };
     if (e.state === "absent") return { empty: "the engine exports no /metrics (ollama; llama-server without --metrics)" };
@@ -126,7 +127,8 @@
         ["KV cache", known(e.kv_cache_usage) ? (100 * e.kv_cache_usage).toFixed(0) + "%" : "–"],
         ["prompt tok engine / proxy", pair(e.engine_prompt_tokens, e.proxy_prompt_tokens, e.prompt_tokens_ratio)],
         ["output tok engine / proxy", pair(e.engine_output_tokens, e.proxy_output_tokens, e.output_tokens_ratio)],
-        ["prefill s engine / proxy", pair(e.engine_prefill_seconds, e.proxy_prefill_seconds, e.prefill_seconds_ratio, 2)]],
+        ["prefill s engine / proxy", pair(e.engine_prefill_seconds, e.proxy_prefill_seconds, e.prefill_seconds_ratio, 2)],
+        ["others share it", e.shared === "unknown" ? `unknown (${(100 * e.unaccounted_share).toFixed(0)}% of requests without usage)` : (e.shared || "–")]],
     };
   }
 
