@@ -73,6 +73,24 @@ var kvBursts = []kvBurst{
 	// KV cache of 2,600: one to four fit at a time, whichever they are; no
 	// slot count describes the engine.
 	{"mixed", 2600, mixedBurst("kv", 8)},
+	// One 1,000-token prompt generating 600 tokens, then five cold prompts
+	// of 2,500 tokens in a KV cache of 4,000: each large one waits for the
+	// one before it to end, with the cache 40% or 63% used, never the 90%
+	// that says "full" when the cache's size is unknown. The engine's
+	// cache_config_info gives the size: the free tokens are fewer than the
+	// prompt (kvHeld).
+	{"large", 4000, largeBurst("kv", 5)},
+}
+
+// largeBurst is a long request holding 40% of a 4,000-token KV cache,
+// then n cold prompts of 2,500 tokens that fit only one at a time.
+func largeBurst(prefix string, n int) []burstReq {
+	out := []burstReq{{id: prefix + "-hog", body: msgsBody(coldPrompt(prefix+"-hog", 1000), 600), maxTokens: 600}}
+	for i := range n {
+		id := fmt.Sprintf("%s-large-%d", prefix, i)
+		out = append(out, burstReq{id: id, body: msgsBody(coldPrompt(id, 2500), 20+i), maxTokens: 20 + i})
+	}
+	return out
 }
 
 // TestQueueAccuracyKVPressure: see the file's comment. Each case sends

@@ -187,28 +187,43 @@ func (o *occupancy) waitedBound(e occEntry, ends []int64, unrec int, h loadHisto
 
 // kvFull is the KV-cache use (vLLM kv_cache_usage_perc, llama.cpp
 // kv_cache_usage_ratio, SGLang token_usage) at which the engine's cache,
-// not its sequence slots, is taken to hold its waiting requests back. In
-// TestQueueAccuracyKVPressure the sim's cache read 0.95 whenever the two
-// uniform prompts it holds ran, 0.99 at the mixed burst's fullest; with
-// no KV pressure the sim's reads 0.00 (1M tokens), a GPU's a few percent.
+// not its sequence slots, is taken to hold its waiting requests back when
+// its size is unknown. In TestQueueAccuracyKVPressure the sim's cache read
+// 0.95 whenever the two uniform prompts it holds ran, 0.99 at the mixed
+// burst's fullest; with no KV pressure the sim's reads 0.00 (1M tokens),
+// a GPU's a few percent.
 const kvFull = 0.9
 
 // kvHeld reports whether the engine's scrapes during e's wait (its
 // arrival to its first output) show its KV cache holding requests back:
-// one with requests waiting and at least kvFull of the cache in use. Such
-// a wait is the KV cache's, whatever the running count: a
+// one with requests waiting and either at least kvFull of the cache in
+// use, or, where the engine gives the cache's size (vLLM's
+// cache_config_info), less of it free than need, the tokens e's prompt
+// had to place (its prompt less what the cache held; 0: unknown). Such a
+// wait is the KV cache's, whatever the running count: a
 // continuous-batching engine admits a request only when its prompt fits
 // (vLLM's block budget), so a right --engine-slots (max_num_seqs) sees
-// requests wait with sequence slots free. A wait that saw no full scrape
-// (a large prompt waiting behind a half-used cache) is not recognized;
-// without /metrics none is. The caller holds o.mu.
-func (o *occupancy) kvHeld(e occEntry, h loadHistory) bool {
+// requests wait with sequence slots free. Without the size, a large
+// prompt waiting behind a half-used cache is not recognized; without
+// /metrics no wait is. The caller holds o.mu.
+func (o *occupancy) kvHeld(e occEntry, h loadHistory, need int64) bool {
 	held := false
 	o.scrapesDuring(e, h, func(_ int64, r engine.Reading) bool {
-		held = r.Waiting > 0 && r.KVCacheUsage >= kvFull // NaN compares false
+		free := (1 - r.KVCacheUsage) * r.KVCapacity
+		held = r.Waiting > 0 && (r.KVCacheUsage >= kvFull || float64(need) > free) // NaN compares false
 		return held
 	})
 	return held
+}
+
+// kvNeed is the tokens tr's prompt had to place in the engine's KV cache:
+// its prompt tokens less those the engine reported cached; 0 when its
+// usage is unknown.
+func kvNeed(tr *proxy.Trace) int64 {
+	if tr.PromptTokens <= 0 {
+		return 0
+	}
+	return tr.PromptTokens - max(tr.CachedTokens, 0)
 }
 
 // scrapesDuring calls f with each scrape taken during e's wait, after its

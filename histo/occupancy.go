@@ -369,7 +369,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		}
 	}
 	if (n > 0 || p.streams > 1) && !tr.Failed() { // it had company: evidence either way
-		kv := p.tight && o.kvHeld(e, load.hist) // the KV cache's wait, not a slot's
+		kv := p.tight && o.kvHeld(e, load.hist, kvNeed(tr)) // the KV cache's wait, not a slot's
 		warn = o.slots.observe(p.streams, p.inEngine, p.tight, kv)
 	}
 	s := o.slots.effective()

@@ -36,17 +36,17 @@ func TestParse(t *testing.T) {
 		want Reading
 	}{
 		// Two engine cores: their counts add up; the newer KV-cache name wins.
-		{"vllm.prom", Reading{Kind: KindVLLM, Running: 4, Waiting: 2, KVCacheUsage: 0.4125, CacheHitRate: nan,
+		{"vllm.prom", Reading{Kind: KindVLLM, Running: 4, Waiting: 2, KVCacheUsage: 0.4125, KVCapacity: 2 * 16 * 2048, CacheHitRate: nan,
 			PromptTokens: 50000, CachedTokens: 250, CacheQueries: 1000, OutputTokens: 12000,
 			PrefillSecs: 0.75, QueueSecs: 1.5, QueueRequests: 10}},
 		// prompt_tokens_total leaves out cache hits: added back.
-		{"llamacpp.prom", Reading{Kind: KindLlamaCpp, Running: 2, Waiting: 3, KVCacheUsage: nan, CacheHitRate: nan,
+		{"llamacpp.prom", Reading{Kind: KindLlamaCpp, Running: 2, Waiting: 3, KVCacheUsage: nan, KVCapacity: nan, CacheHitRate: nan,
 			PromptTokens: 6886 + 678, CachedTokens: 678, CacheQueries: nan, OutputTokens: 3469,
 			PrefillSecs: 29.03, QueueSecs: nan, QueueRequests: nan}},
-		{"sglang.prom", Reading{Kind: KindSGLang, Running: 5, Waiting: 7, KVCacheUsage: 0.28, CacheHitRate: 0.007507552643049313,
+		{"sglang.prom", Reading{Kind: KindSGLang, Running: 5, Waiting: 7, KVCacheUsage: 0.28, KVCapacity: nan, CacheHitRate: 0.007507552643049313,
 			PromptTokens: 8.128902e+06, CachedTokens: nan, CacheQueries: nan, OutputTokens: 7.557572e+06,
 			PrefillSecs: nan, QueueSecs: nan, QueueRequests: nan}},
-		{"tgi.prom", Reading{Kind: KindTGI, Running: 4, Waiting: 7, KVCacheUsage: nan, CacheHitRate: nan,
+		{"tgi.prom", Reading{Kind: KindTGI, Running: 4, Waiting: 7, KVCacheUsage: nan, KVCapacity: nan, CacheHitRate: nan,
 			PromptTokens: 20480, CachedTokens: nan, CacheQueries: nan, OutputTokens: 8123,
 			PrefillSecs: nan, QueueSecs: 3.25, QueueRequests: 44}},
 	} {
@@ -60,6 +60,17 @@ func TestParse(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, KindUnknown, r.Kind)
 	require.True(t, math.IsNaN(r.Running))
+	// The cache's size: kv_cache_size_tokens where vLLM prints it, else
+	// blocks × block size; "None" before the cache is allocated.
+	for page, want := range map[string]float64{
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="661",kv_cache_size_tokens="10576"} 1`: 10576,
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="661"} 1`:                              16 * 661,
+		`vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1`:                             math.NaN(),
+	} {
+		r, err := Parse(strings.NewReader(page + "\n"))
+		require.NoError(t, err, page)
+		require.Equal(t, fmt.Sprint(want), fmt.Sprint(r.KVCapacity), page)
+	}
 	_, err = Parse(strings.NewReader("not a { metric page"))
 	require.Error(t, err)
 }

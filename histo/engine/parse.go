@@ -13,6 +13,7 @@ package engine
 import (
 	"io"
 	"math"
+	"strconv"
 	"strings"
 
 	dto "github.com/prometheus/client_model/go"
@@ -50,6 +51,7 @@ type Reading struct {
 	Running       float64 // requests being computed (in a slot, in the batch)
 	Waiting       float64 // requests queued in the engine
 	KVCacheUsage  float64 // fraction of the KV cache in use, 0..1
+	KVCapacity    float64 // tokens the KV cache holds (vLLM's cache_config_info labels)
 	CacheHitRate  float64 // the engine's own prefix-cache hit rate gauge (SGLang), 0..1
 	PromptTokens  float64 // prompt tokens, cache hits included
 	CachedTokens  float64 // prompt tokens served from the prefix cache
@@ -62,7 +64,7 @@ type Reading struct {
 
 func unknownReading() Reading {
 	n := math.NaN()
-	return Reading{Running: n, Waiting: n, KVCacheUsage: n, CacheHitRate: n, PromptTokens: n, CachedTokens: n,
+	return Reading{Running: n, Waiting: n, KVCacheUsage: n, KVCapacity: n, CacheHitRate: n, PromptTokens: n, CachedTokens: n,
 		CacheQueries: n, OutputTokens: n, PrefillSecs: n, QueueSecs: n, QueueRequests: n}
 }
 
@@ -168,6 +170,9 @@ func Parse(in io.Reader) (Reading, error) {
 	for name := range families {
 		read(strings.TrimSuffix(name, "#n"))
 	}
+	if mf := fams[cacheConfigInfo]; mf != nil {
+		r.KVCapacity = kvCapacity(mf)
+	}
 	if r.Kind == KindLlamaCpp && !math.IsNaN(r.CachedTokens) && !math.IsNaN(r.PromptTokens) {
 		r.PromptTokens += r.CachedTokens
 	}
@@ -199,4 +204,34 @@ func total(mf *dto.MetricFamily, p part) (float64, bool) {
 		sum, any = sum+v, true
 	}
 	return sum, any
+}
+
+// cacheConfigInfo is vLLM's info gauge (value 1) whose labels carry its
+// cache configuration (vllm/v1/metrics/loggers.py, CacheConfig's
+// metrics_info): block_size and num_gpu_blocks, and in later versions
+// kv_cache_size_tokens.
+const cacheConfigInfo = "vllm:cache_config_info"
+
+// kvCapacity reads the KV cache's size in tokens from cacheConfigInfo's
+// labels, summed over its label sets (one per engine core): NaN when no
+// set carries it ("None" before the cache is allocated).
+func kvCapacity(mf *dto.MetricFamily) float64 {
+	sum, any := 0.0, false
+	for _, m := range mf.GetMetric() {
+		l := map[string]float64{}
+		for _, lp := range m.GetLabel() {
+			if v, err := strconv.ParseFloat(lp.GetValue(), 64); err == nil && v > 0 && !math.IsInf(v, 0) {
+				l[lp.GetName()] = v
+			}
+		}
+		if v, ok := l["kv_cache_size_tokens"]; ok {
+			sum, any = sum+v, true
+		} else if b, n := l["block_size"], l["num_gpu_blocks"]; b > 0 && n > 0 {
+			sum, any = sum+b*n, true
+		}
+	}
+	if !any {
+		return math.NaN()
+	}
+	return sum
 }

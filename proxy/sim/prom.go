@@ -2,6 +2,7 @@ package sim
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -174,6 +175,16 @@ func (s *Server) registerVLLM(reg *prometheus.Registry) {
 		{"vllm:generation_tokens_total", "Number of generation tokens processed.", false,
 			s.read(func(st *Stats, _ *engineCounters) float64 { return float64(st.CompletionTokens) })},
 	})
+	// The cache's configuration as an info gauge whose labels carry it
+	// (vLLM's CacheConfig metrics_info): the KV cache's size in tokens.
+	if kv := s.kvCapacity(); kv > 0 {
+		block := s.cfg.CacheBlockTokens
+		info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+			ConstLabels: prometheus.Labels{"engine": "0", "block_size": strconv.Itoa(block), "num_gpu_blocks": strconv.Itoa(kv / block),
+				"kv_cache_size_tokens": strconv.Itoa(kv), "enable_prefix_caching": "True"}})
+		info.Set(1)
+		reg.MustRegister(info)
+	}
 	for _, reason := range []string{"stop", "length", "abort"} {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "vllm:request_success_total", Help: "Count of successfully processed requests.",

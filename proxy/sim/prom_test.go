@@ -83,6 +83,8 @@ func TestMetricsVLLM(t *testing.T) {
 		require.Equal(t, m["vllm:kv_cache_usage_perc"+l], m["vllm:gpu_cache_usage_perc"+l])
 		st := v.s.Stats()
 		require.Equal(t, float64(st.KVTokens)/float64(16<<16), m["vllm:kv_cache_usage_perc"+l])
+		require.Equal(t, 1.0, m[`vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",kv_cache_size_tokens="1048576",num_gpu_blocks="65536"}`],
+			"the cache's size in the info gauge's labels")
 		require.Positive(t, st.KVTokens)
 		cancel()
 		synctest.Wait()
