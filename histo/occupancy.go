@@ -264,6 +264,9 @@ type priors struct {
 	// engine without a batch lock: lockable).
 	reported bool
 	fresh    bool // its prompt is new to the engine (freshPrompt): no cache hit shortened its prefill
+	// exact is set when point is the engine's own report of the prefill
+	// (prefillPoint): its start is then known, first output less point.
+	exact bool
 }
 
 // place finds tr's queue from the requests ahead of it, learns from it,
@@ -348,7 +351,17 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	if hint == 0 {
 		hint = o.slots.effective()
 	}
-	j, byPoint := waitedFor(e, ends[:c], n, max(hint, p.streams), est, haveEst, pr.point)
+	cw := c
+	if pr.exact {
+		// Its start is known: an end after it is not the one it waited
+		// for (a slot launched long before its prefill began: llama-server
+		// fills each batch slot by slot, a prompt behind others' waits in
+		// its slot; docs/engines.md).
+		for cw > 0 && ends[cw-1] > e.first-int64(pr.point)+int64(pointSlack) {
+			cw--
+		}
+	}
+	j, byPoint := waitedFor(e, ends[:cw], n, max(hint, p.streams), est, haveEst, pr.point)
 	// A prefill end that explains the first output better than the slot's
 	// release is taken only from an engine whose evidence says it has no
 	// batch lock (lockable): under ollama's lock the same timeline is a

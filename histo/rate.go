@@ -595,7 +595,15 @@ const (
 // no estimate. The model's time is the point and floorShare of it the
 // floor; before the model is ready, the fastest sample's per-token time
 // (a slow one may hold a queue misread as prefill) and floorEarly of it.
+// The engine's own report of the prefill (llama.cpp timings.prompt_ms,
+// vLLM's per-request metrics, ollama's prompt_eval_duration) comes
+// before any of that: it is the prefill, where the model's cost can be a
+// third of it (llama-server's attention over a few thousand tokens on a
+// small model grows with the prompt's square); the floor keeps its share.
 func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration) {
+	if tr.ServerPrefill > 0 {
+		return tr.ServerPrefill, time.Duration(floorShare * float64(tr.ServerPrefill))
+	}
 	if !rs.any || (tr.CachedTokens < 0 && !tr.Prefix.Tracked) {
 		return 0, 0
 	}

@@ -150,6 +150,7 @@ func modelSplit(tr *proxy.Trace, rs rates) split {
 func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr), reported: tr.CachedTokens >= 0}
 	pr.point, pr.floor = prefillPoint(tr, rs)
+	pr.exact = tr.ServerPrefill > 0
 	pr.fresh = freshPrompt(tr)
 	pr.batch = firstBatch(tr, rs, pr.point)
 	pr.est, pr.haveEst = estimate(tr, rs, false)

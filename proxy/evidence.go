@@ -42,9 +42,12 @@ func headerNumber(h *fasthttp.ResponseHeader, name string) float64 {
 
 // readTiming copies the engine's own figures into the Trace, each -1 when
 // the engine did not report it (docs/engines.md says which engine reports
-// which). A cache hit the engine reported only in its timings (llama.cpp's
-// native routes carry no usage object) fills CachedTokens when usage did
-// not.
+// which). A cache hit the engine reported only in its timings fills
+// CachedTokens when usage did not: cache_n (llama.cpp's native routes
+// carry no usage object), else the prompt less prompt_n, the tokens it
+// evaluated (llama-server before cache_n, mid-2025, reports only those;
+// a prompt found whole in the slot's cache still evaluates its last
+// token, so prompt_n is 1 there). Called once usage is read.
 func readTiming(tr *Trace, t *sse.Timing) {
 	tr.ServerQueue = msDuration(t.QueueMs)
 	tr.ServerPrefill = msDuration(t.PrefillMs)
@@ -54,8 +57,12 @@ func readTiming(tr *Trace, t *sse.Timing) {
 	tr.ServerLoad = msDuration(t.LoadMs)
 	tr.ServerPromptEval = t.PromptEval
 	tr.ServerCachedTokens = t.CachedTokens
-	if tr.CachedTokens < 0 && t.CachedTokens >= 0 {
+	switch {
+	case tr.CachedTokens >= 0:
+	case t.CachedTokens >= 0:
 		tr.CachedTokens = t.CachedTokens
+	case t.PromptEval >= 0 && tr.PromptTokens >= t.PromptEval:
+		tr.CachedTokens = tr.PromptTokens - t.PromptEval
 	}
 }
 

@@ -50,6 +50,32 @@ func TestLlamaNativeStream(t *testing.T) {
 	}
 }
 
+// TestLlamaPromptEvalGivesCached: llama-server of mid-2025 reports no
+// cached tokens, neither in usage nor as timings.cache_n, but its
+// timings.prompt_n counts the prompt tokens it evaluated: the rest came
+// from the slot's cache. The fixture is such a server's answer to a
+// prompt it had just seen (prompt_n 1 of 150: the last token is always
+// evaluated).
+func TestLlamaPromptEvalGivesCached(t *testing.T) {
+	stream, err := os.ReadFile(filepath.Join("..", "sse", "testdata", "llamacpp_chat_prompt_n.sse"))
+	require.NoError(t, err)
+	up := startUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		sseHeaders(w)
+		_, _ = w.Write(stream)
+	})
+	log := newTraceLog()
+	base, _ := startProxy(t, Config{Upstream: up.URL}, log)
+	resp, body := protoPost(t, base+"/v1/chat/completions", `{"stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Equal(t, stream, body, "relayed unchanged")
+	tr := log.next(t)
+	require.False(t, tr.Failed())
+	require.EqualValues(t, 150, tr.PromptTokens)
+	require.EqualValues(t, 1, tr.ServerPromptEval)
+	require.EqualValues(t, -1, tr.ServerCachedTokens, "no cache_n")
+	require.EqualValues(t, 149, tr.CachedTokens, "the prompt less the tokens evaluated")
+}
+
 // TestLlamaNativeCutIsTruncated: without its "stop": true the native
 // stream is still a truncated failure.
 func TestLlamaNativeCutIsTruncated(t *testing.T) {

@@ -74,7 +74,7 @@ func TestAbandonedPrefillCountedAsQueue(t *testing.T) {
 		logAbandoned(t, abandoned)
 		follows = append(follows, next)
 	}
-	writeCapture(t, st, "abandoned-p1", 1, 0, follows)
+	writeCapture(t, st, ollamaEngine, "abandoned-p1", 1, 0, follows)
 	for _, s := range follows {
 		tq := s.truthQueue()
 		if !s.rec.Queue.Known() {

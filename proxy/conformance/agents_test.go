@@ -58,7 +58,7 @@ func TestAgentConversationsInferredCache(t *testing.T) {
 				}
 			}
 			logSplitTable(t, ss)
-			writeCapture(t, st, fmt.Sprintf("agents-p%d", slots), slots, 0, ss)
+			writeCapture(t, st, ollamaEngine, fmt.Sprintf("agents-p%d", slots), slots, 0, ss)
 			checkQueueBar(t, ss)
 			checkInferredCache(t, convs)
 		})

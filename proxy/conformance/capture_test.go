@@ -85,17 +85,21 @@ type TruthRow struct {
 	Used      int       `json:"used"`
 }
 
-// writeCapture writes st's timeline and ss's truth to
+// ollamaEngine names the engine of the suite's captures.
+const ollamaEngine = "ollama v0.17.4 (llamarunner)"
+
+// writeCapture writes st's timeline in front of engine and ss's truth to
 // $ANVIL_SPLIT_CAPTURE/<name>.json when that directory is set (histo's
-// replay test reads such files from histo/testdata/ollama/).
-func writeCapture(t *testing.T, st *stack, name string, slots, hint int, ss []*sample) {
+// replay tests read such files from histo/testdata/ollama/ and
+// histo/testdata/llamaserver/).
+func writeCapture(t *testing.T, st *stack, engine, name string, slots, hint int, ss []*sample) {
 	t.Helper()
 	dir := os.Getenv("ANVIL_SPLIT_CAPTURE")
 	if dir == "" {
 		return
 	}
 	st.capture.mu.Lock()
-	tl := Timeline{Name: name, Slots: slots, Hint: hint, Traces: append([]proxy.Trace(nil), st.capture.traces...), Calls: append([]Call(nil), st.capture.calls...), Engine: "ollama v0.17.4 (llamarunner)"}
+	tl := Timeline{Name: name, Slots: slots, Hint: hint, Traces: append([]proxy.Trace(nil), st.capture.traces...), Calls: append([]Call(nil), st.capture.calls...), Engine: engine}
 	st.capture.mu.Unlock()
 	tl.LoadAverage = hostLoad()
 	for _, s := range ss {

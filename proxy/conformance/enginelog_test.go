@@ -125,8 +125,15 @@ type sample struct {
 }
 
 // truthQueue is the request's wait for a slot in the engine: its slot
-// line's time − the client's send.
-func (s *sample) truthQueue() time.Duration { return max(0, s.slot.at.Sub(s.resp.sent)) }
+// line's time − its arrival there, the client's send and the connect the
+// proxy measured (a socket's handshake, not an inference; zero on a pooled
+// connection). The connect matters where an engine drops the SYNs of a
+// burst: llama-server's listen backlog is 5, and the sixth of eight
+// simultaneous dials waited 1 s for the SYN's retransmission, which the
+// proxy reports as connect, not queue.
+func (s *sample) truthQueue() time.Duration {
+	return max(0, s.slot.at.Sub(s.resp.sent)-max(0, time.Duration(s.rec.Connect)))
+}
 
 // truthPrefill is from the slot line to the client's first output.
 func (s *sample) truthPrefill() time.Duration { return s.obs.firstOutput.Sub(s.slot.at) }

@@ -38,9 +38,9 @@ func TestQueueSplitMultiSlot(t *testing.T) {
 				}
 				t.Run(name, func(t *testing.T) {
 					st := newStackOn(t, url, histo.Config{EngineSlots: hint})
-					ss := burstsThrough(t, st, logPath, []int{4, 8})
+					ss := burstsThrough(t, st, ollamaSlots(logPath), []int{4, 8}, 500)
 					all = append(all, ss...)
-					writeCapture(t, st, fmt.Sprintf("multislot-p%d-%s", slots, name), slots, hint, ss)
+					writeCapture(t, st, ollamaEngine, fmt.Sprintf("multislot-p%d-%s", slots, name), slots, hint, ss)
 					if s := st.rec.Slots(); hint > 0 && (s.State == histo.SlotsHintLow || s.State == histo.SlotsHintHigh) {
 						barMissed(t, "the right hint %d was reported %q (learned %d)", hint, s.State, s.Learned)
 					}
@@ -61,26 +61,38 @@ func warmEngine(t *testing.T, url string) {
 	}
 }
 
+// slotSource is an engine's record of when each request took a slot: the
+// lines written since it was marked, waited for until there are n.
+type slotSource interface {
+	waitSlots(t *testing.T, n int) []slotLine
+}
+
+// ollamaSlots marks ollama's slot log at logPath (enginelog_test.go).
+func ollamaSlots(logPath string) func(*testing.T) slotSource {
+	return func(t *testing.T) slotSource { return markLog(t, logPath) }
+}
+
 // burstsThrough sends one cold request through st (a session's first
 // request), then each burst: its requests at once, the next burst when the
 // last one ended. Prompts are fresh and of distinct lengths (so their token
-// counts pair the engine's slot lines). It returns the bursts' samples,
-// paired with their records and slot lines.
-func burstsThrough(t *testing.T, st *stack, logPath string, bursts []int) []*sample {
+// counts pair the engine's slot lines, from the source mark makes):
+// chars, then 10% more for each next request of a burst. It returns the
+// bursts' samples, paired with their records and slot lines.
+func burstsThrough(t *testing.T, st *stack, mark func(*testing.T) slotSource, bursts []int, chars int) []*sample {
 	t.Helper()
 	if r := do(t, st.proxyURL, "/v1/chat/completions", chatBody(freshPrompt(600)), "", 0); r.status != 200 {
 		t.Fatalf("first request: status %d", r.status)
 	}
 	st.waitRecords(t, 1)
-	elog := markLog(t, logPath)
+	elog := mark(t)
 	var ss []*sample
 	for b, n := range bursts {
 		burst := make([]*sample, n)
 		var wg sync.WaitGroup
 		for i := range n {
-			// 500–850 characters: a few hundred ms of prefill on the tiny
-			// model, apart by 50 so that token counts differ.
-			body := chatBody(freshPrompt(500 + 50*i))
+			// ollama: 500–850 characters, a few hundred ms of prefill on
+			// the tiny model, apart by 50 so that token counts differ.
+			body := chatBody(freshPrompt(chars + chars/10*i))
 			s := &sample{label: fmt.Sprintf("burst %d (of %d) request %d", b+1, n, i+1)}
 			burst[i] = s
 			wg.Go(func() { s.resp = do(t, st.proxyURL, "/v1/chat/completions", body, "", 0) })
