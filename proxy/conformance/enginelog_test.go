@@ -63,35 +63,43 @@ func markLog(t *testing.T, path string) *engineLog {
 	return &engineLog{path: path, offset: fileSize(t, path), since: time.Now()}
 }
 
-// slots returns the slot lines written since the mark, in log order.
-func (l *engineLog) slots(t *testing.T) []slotLine {
+// readLines calls f with each line of the file at path from offset on.
+func readLines(t *testing.T, path string, offset int64, f func(line string)) {
 	t.Helper()
-	f, err := os.Open(l.path)
+	file, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	if _, err := f.Seek(l.offset, 0); err != nil {
+	defer file.Close()
+	if _, err := file.Seek(offset, 0); err != nil {
 		t.Fatal(err)
 	}
-	var out []slotLine
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(file)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		m := slotLineRe.FindStringSubmatch(sc.Text())
+		f(sc.Text())
+	}
+}
+
+// slots returns the slot lines written since the mark, in log order.
+func (l *engineLog) slots(t *testing.T) []slotLine {
+	t.Helper()
+	var out []slotLine
+	readLines(t, l.path, l.offset, func(line string) {
+		m := slotLineRe.FindStringSubmatch(line)
 		if m == nil {
-			continue
+			return
 		}
 		at, err := time.Parse(slogTime, m[1])
 		if err != nil {
 			t.Fatalf("slot line time %q: %v", m[1], err)
 		}
 		if at.Before(l.since.Truncate(time.Millisecond)) {
-			continue
+			return
 		}
 		n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
 		out = append(out, slotLine{at: at, id: n(2), cache: n(3), prompt: n(4), used: n(5), remained: n(6)})
-	}
+	})
 	return out
 }
 

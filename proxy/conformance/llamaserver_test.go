@@ -29,7 +29,6 @@ package conformance
 //     starts the moment they arrive.
 
 import (
-	"bufio"
 	"os"
 	"regexp"
 	"strconv"
@@ -116,32 +115,21 @@ func (l *llamaLog) mark(t *testing.T) slotSource {
 // launch; a task whose prompt line is not written yet is left out.
 func (l *llamaLog) starts(t *testing.T) []llamaStart {
 	t.Helper()
-	f, err := os.Open(l.path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Seek(l.offset, 0); err != nil {
-		t.Fatal(err)
-	}
 	var order []int
 	byTask := map[int]*llamaStart{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := ansiRe.ReplaceAllString(sc.Text(), "")
+	readLines(t, l.path, l.offset, func(line string) {
+		line = ansiRe.ReplaceAllString(line, "")
 		n := func(s string) int { v, _ := strconv.Atoi(s); return v }
 		if m := llamaLaunchRe.FindStringSubmatch(line); m != nil {
-			rel := logTime(m)
 			task := n(m[6])
-			byTask[task] = &llamaStart{launch: rel, slot: n(m[5])}
+			byTask[task] = &llamaStart{launch: logTime(m), slot: n(m[5])}
 			order = append(order, task)
 		} else if m := llamaPromptRe.FindStringSubmatch(line); m != nil {
 			if s := byTask[n(m[5])]; s != nil {
 				s.rel, s.prompt = logTime(m), n(m[6])
 			}
 		}
-	}
+	})
 	var out []llamaStart
 	for _, task := range order {
 		if s := byTask[task]; s.prompt > 0 {
