@@ -128,6 +128,9 @@ type occEntry struct {
 	// go before held.
 	soft bool
 	held int64
+	// exact says pt is the engine's own report of the prefill
+	// (priors.exact): it held a slot from first − pt to end, for certain.
+	exact bool
 }
 
 // placement is where a request stood on the engine's timeline.
@@ -174,6 +177,8 @@ type occupancy struct {
 	nSoft  int
 	runs   [2][sweepMax]int64 // scratch: first outputs and ends of the requests that ran beside one
 	nRuns  int
+	held   [2][sweepMax]int64 // scratch: the slot starts and ends of those with an exact prefill (occEntry.exact)
+	nHeld  int
 	pre    [4][sweepMax]int64 // scratch: slot starts, prefill ends, point and first-batch estimates (0: none) of the requests prefilling during one's wait
 	nPre   int
 	joins  [sweepMax]int64 // scratch: lockEnd's joinedFirstBatch for each of pre (0: none)
@@ -288,7 +293,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		o.pushPassing(tr)
 		return placement{}, false
 	}
-	e.pt, e.pb = int64(max(pr.point, 0)), int64(max(pr.batch, 0))
+	e.pt, e.pb, e.exact = int64(max(pr.point, 0)), int64(max(pr.batch, 0)), pr.exact
 	o.live.done(tr.ID)
 	// A request without a first output whose client left in the prefill
 	// is scanned to its end; one with none at all (a whole answer) is
@@ -344,7 +349,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	for c < m && ends[c] < e.first+int64(endTolerance) {
 		c++
 	}
-	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: max(o.sweep(e), load.running)}
+	p = placement{ok: true, ahead: n, inEngine: n - c + 1, streams: max(o.sweep(e), load.running, o.heldAtStart(e))}
 	// The evidence is judged against the hint when there is one (it is
 	// what may be wrong), else against the count in use.
 	hint := o.slots.hint
@@ -714,7 +719,7 @@ func (o *occupancy) pushPassing(tr *proxy.Trace) {
 // not a scan of them all. Only the newest sweepMax of them are looked at,
 // as evidence of slots side by side.
 func (o *occupancy) scan(e occEntry, until int64) (m, mAdmit int, complete bool) {
-	o.nRuns, o.nSoft = 0, 0
+	o.nRuns, o.nSoft, o.nHeld = 0, 0, 0
 	if o.n == occRing && o.at(o.n-1).release >= e.admit-int64(occSettle) {
 		return 0, 0, false // the timeline does not reach back to e's admission
 	}
@@ -768,8 +773,37 @@ func inFlightAt(x, e *occEntry) bool {
 // at is the i-th newest entry. The caller holds o.mu.
 func (o *occupancy) at(i int) *occEntry { return &o.ring[(o.next-1-i+occRing)%occRing] }
 
-// overlap collects x for sweep when it produced output while e did.
+// heldAtStart is how many requests held a slot when e's prefill began,
+// e included, by the engine's own reports of their prefills: each of them
+// held its slot from its first output less its reported prefill to its
+// end (or longer: a llama-server slot is taken at launch, before its
+// prefill begins), so the count is a lower bound on the slots, as streams
+// side by side are. It counts where no output overlaps (llama-server's
+// answers on the tiny model end within milliseconds of seconds-long
+// prefills, so --engine-slots 1 on two slots stood). 0 when e's prefill is
+// not the engine's report. It reads the entries the last scan collected.
+// The caller holds o.mu.
+func (o *occupancy) heldAtStart(e occEntry) int {
+	if !e.exact || e.first < 0 {
+		return 0
+	}
+	start, tol := e.first-e.pt, int64(endTolerance)
+	n := 1
+	for i := range o.nHeld {
+		if o.held[0][i] < start-tol && o.held[1][i] > start+tol {
+			n++
+		}
+	}
+	return n
+}
+
+// overlap collects x for sweep when it produced output while e did, and
+// for heldAtStart when its slot's time is known.
 func (o *occupancy) overlap(x, e *occEntry) {
+	if x.occupies && x.exact && x.first >= 0 && o.nHeld < sweepMax {
+		o.held[0][o.nHeld], o.held[1][o.nHeld] = x.first-x.pt, x.end
+		o.nHeld++
+	}
 	if x.occupies && x.first >= 0 && e.first >= 0 && x.first <= e.last && x.last > e.first+int64(overlapTolerance) && o.nRuns < sweepMax {
 		o.runs[0][o.nRuns], o.runs[1][o.nRuns] = x.first, x.last
 		o.nRuns++

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
 
 	"github.com/anvilproxy/anvilproxy/histo"
 	"github.com/anvilproxy/anvilproxy/proxy"
@@ -211,6 +212,32 @@ func TestReplayLlamaServer(t *testing.T) {
 			replaySet(t, "testdata/llamaserver/*-np[24]-*.json", map[int]float64{2: 0.95, 4: 0.95}, c.hint)
 		})
 	}
+	// A hint one short is set aside in every capture: no two outputs
+	// overlap here (answers of milliseconds after prefills of seconds),
+	// but the engine's reported prefills say how many held a slot at once
+	// (heldAtStart).
+	files, err := filepath.Glob("testdata/llamaserver/*-np[24]-*.json")
+	require.NoError(t, err)
+	for _, f := range files {
+		tl := loadTimeline(t, f)
+		tl.Hint = tl.Slots - 1
+		require.Equal(t, histo.SlotsHintLow, replay(t, tl).Slots().State, "%s with --engine-slots %d", filepath.Base(f), tl.Hint)
+	}
+}
+
+// loadTimeline reads a captured timeline.
+func loadTimeline(t *testing.T, path string) *replayTimeline {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tl replayTimeline
+	if err := json.Unmarshal(b, &tl); err != nil {
+		t.Fatal(err)
+	}
+	tl.Traces = decodeTraces(t, tl.Raw)
+	return &tl
 }
 
 // replaySet replays every timeline the glob names and holds each slot
@@ -232,20 +259,12 @@ func replaySet(t *testing.T, glob string, bars map[int]float64, wrongHint func(s
 	}
 	within, total := map[int]int{}, map[int]int{}
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var tl replayTimeline
-		if err := json.Unmarshal(b, &tl); err != nil {
-			t.Fatal(err)
-		}
-		tl.Traces = decodeTraces(t, tl.Raw)
+		tl := loadTimeline(t, f)
 		if wrongHint != nil {
 			tl.Hint = wrongHint(tl.Slots)
 		}
-		rec := replay(t, &tl)
-		w, misses := checkReplay(t, rec, &tl)
+		rec := replay(t, tl)
+		w, misses := checkReplay(t, rec, tl)
 		state := rec.Slots().State
 		t.Logf("%s (%d slots, hint %d, load %s): %d of %d within max(25 ms, 10%%), slots %s; misses: %s",
 			filepath.Base(f), tl.Slots, tl.Hint, tl.LoadAverage, w, len(tl.Truth), state, strings.Join(misses, "; "))
