@@ -11,17 +11,18 @@ import (
 
 // streamProtocols maps each recorded stream to its protocol.
 var streamProtocols = map[string]Protocol{
-	"vllm_chat_reasoning.sse": ProtocolChat,
-	"openai_chat.sse":         ProtocolChat,
-	"openai_tools.sse":        ProtocolChat,
-	"llamacpp_chat.sse":       ProtocolChat,
-	"llamacpp_completion.sse": ProtocolLlama,
-	"vllm_metrics.sse":        ProtocolChat,
-	"completions.sse":         ProtocolCompletions,
-	"responses.sse":           ProtocolResponses,
-	"responses_tool.sse":      ProtocolResponses,
-	"anthropic_thinking.sse":  ProtocolMessages,
-	"anthropic_tool.sse":      ProtocolMessages,
+	"vllm_chat_reasoning.sse":    ProtocolChat,
+	"openai_chat.sse":            ProtocolChat,
+	"openai_tools.sse":           ProtocolChat,
+	"llamacpp_chat.sse":          ProtocolChat,
+	"llamacpp_completion.sse":    ProtocolLlama,
+	"llamacpp_chat_prompt_n.sse": ProtocolChat,
+	"vllm_metrics.sse":           ProtocolChat,
+	"completions.sse":            ProtocolCompletions,
+	"responses.sse":              ProtocolResponses,
+	"responses_tool.sse":         ProtocolResponses,
+	"anthropic_thinking.sse":     ProtocolMessages,
+	"anthropic_tool.sse":         ProtocolMessages,
 }
 
 // parseAndClassify runs a stream through p in pieces of size n and returns
