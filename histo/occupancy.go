@@ -414,6 +414,22 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		}
 		k0 := min(n-s, c-1)
 		k := earliest(e, ends, k0, floor)
+		if head := o.rel(tr.Headers); k < 0 && pr.point > 0 && !pr.reported && (head < 0 || head >= e.first-int64(headWithFirst)) &&
+			closer(e.first-ends[k0], e.first-o.lockedStart(e, e.arrive, pr, head), pr.point) {
+			// The floor sent it back to its arrival (and the lock on from
+			// there), but the prefill from the slot count's end fits its
+			// estimate better: the estimate, not the count, is off (the
+			// cost model over-estimates prefills after shared batches:
+			// ollama, 4 slots, 424 ms estimated where 270 ms ran, the end
+			// it waited for rejected and its queue read 537 ms short;
+			// agents-p4-s18run01 request 13). Only on the evidence of an
+			// engine that prefills a slot at a time, as lockable reads it:
+			// one that reports cached tokens or sends its head at
+			// admission shares its compute among prefills, and a prefill
+			// from the arrival that long is one that shared
+			// (TestBatchLockNotFromSharedPrefill).
+			k = k0
+		}
 		if k == k0 && !waited && pr.fresh && slotShort(e, ends, k, pr.point) {
 			k, p.inferred = k-1, true // its own split only: its estimate chose the end
 		}
