@@ -147,7 +147,7 @@ func (r *Recorder) FirstOutput(tr *proxy.Trace) {
 func (r *Recorder) liveEstimate(tr *proxy.Trace) (pt, pb time.Duration) {
 	rs := r.model.read()
 	if tr.PromptTokens >= 0 {
-		pt, _ = prefillPoint(tr, rs)
+		pt, _, _ = prefillPoint(tr, rs)
 		return pt, firstBatch(tr, rs, pt)
 	}
 	if rs.perByte <= 0 || tr.ReqBytes <= 0 {
@@ -155,7 +155,7 @@ func (r *Recorder) liveEstimate(tr *proxy.Trace) (pt, pb time.Duration) {
 	}
 	t := *tr
 	t.PromptTokens = int64(float64(tr.ReqBytes) * rs.perByte)
-	pt, _ = prefillPoint(&t, rs)
+	pt, _, _ = prefillPoint(&t, rs)
 	return pt, firstBatch(&t, rs, pt)
 }
 

@@ -383,7 +383,16 @@ func leastWait(point time.Duration) int64 {
 // case: 49 ms of queue invented on a request admitted at once,
 // TestBatchLockNotFromAdmissionHead).
 func lockable(head, end, least, first int64, reported bool) bool {
-	return !reported && (head < 0 || head >= end-least && head >= first-int64(headWithFirst))
+	return slotSerial(head, first, reported) && (head < 0 || head >= end-least)
+}
+
+// slotSerial reports whether a request's evidence is of an engine that
+// prefills a slot at a time (ollama's runner): no reported cached count,
+// and no head that left more than headWithFirst before its first output
+// (vLLM's, at admission). Such an engine shares no compute between the
+// prefills of two slots that the proxy could mistake for a wait.
+func slotSerial(head, first int64, reported bool) bool {
+	return !reported && (head < 0 || head >= first-int64(headWithFirst))
 }
 
 // headWithFirst is how long before its first output ollama's head may

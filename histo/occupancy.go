@@ -414,7 +414,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		}
 		k0 := min(n-s, c-1)
 		k := earliest(e, ends, k0, floor)
-		if head := o.rel(tr.Headers); k < 0 && pr.point > 0 && !pr.reported && (head < 0 || head >= e.first-int64(headWithFirst)) &&
+		if head := o.rel(tr.Headers); k < 0 && pr.point > 0 && slotSerial(head, e.first, pr.reported) &&
 			closer(e.first-ends[k0], e.first-o.lockedStart(e, e.arrive, pr, head), pr.point) {
 			// The floor sent it back to its arrival (and the lock on from
 			// there), but the prefill from the slot count's end fits its
@@ -423,8 +423,8 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 			// ollama, 4 slots, 424 ms estimated where 270 ms ran, the end
 			// it waited for rejected and its queue read 537 ms short;
 			// agents-p4-s18run01 request 13). Only on the evidence of an
-			// engine that prefills a slot at a time, as lockable reads it:
-			// one that reports cached tokens or sends its head at
+			// engine that prefills a slot at a time (slotSerial): one that
+			// reports cached tokens or sends its head at
 			// admission shares its compute among prefills, and a prefill
 			// from the arrival that long is one that shared
 			// (TestBatchLockNotFromSharedPrefill).

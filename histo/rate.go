@@ -599,23 +599,24 @@ const (
 // vLLM's per-request metrics, ollama's prompt_eval_duration) comes
 // before any of that: it is the prefill, where the model's cost can be a
 // third of it (llama-server's attention over a few thousand tokens on a
-// small model grows with the prompt's square); the floor keeps its share.
-func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration) {
+// small model grows with the prompt's square); the floor keeps its share,
+// and exact says the point is that report.
+func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration, exact bool) {
 	if tr.ServerPrefill > 0 {
-		return tr.ServerPrefill, time.Duration(floorShare * float64(tr.ServerPrefill))
+		return tr.ServerPrefill, time.Duration(floorShare * float64(tr.ServerPrefill)), true
 	}
 	if !rs.any || (tr.CachedTokens < 0 && !tr.Prefix.Tracked) {
-		return 0, 0
+		return 0, 0, false
 	}
 	n, cached, ok := promptParts(tr, true)
 	if !ok || n < modelMinTokens {
-		return 0, 0
+		return 0, 0, false
 	}
 	if rs.ready {
 		t := rs.fit.cost(n, cached)
-		return seconds(t), seconds(floorShare * t)
+		return seconds(t), seconds(floorShare * t), false
 	}
-	return seconds(n * rs.fit.fastest), seconds(floorEarly * n * rs.fit.fastest)
+	return seconds(n * rs.fit.fastest), seconds(floorEarly * n * rs.fit.fastest), false
 }
 
 // abandonedPrefill is how long the engine takes, from its start, to

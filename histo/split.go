@@ -149,8 +149,7 @@ func modelSplit(tr *proxy.Trace, rs rates) split {
 // it, and returns where it stood.
 func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr), reported: tr.CachedTokens >= 0}
-	pr.point, pr.floor = prefillPoint(tr, rs)
-	pr.exact = tr.ServerPrefill > 0
+	pr.point, pr.floor, pr.exact = prefillPoint(tr, rs)
 	pr.fresh = freshPrompt(tr)
 	pr.batch = firstBatch(tr, rs, pr.point)
 	pr.est, pr.haveEst = estimate(tr, rs, false)
