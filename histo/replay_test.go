@@ -37,6 +37,7 @@ type replayTimeline struct {
 	Truth []struct {
 		ID      uint64  `json:"id"`
 		QueueMs float64 `json:"queue_ms"`
+		Used    int64   `json:"used"` // prompt tokens the engine reused (agent runs)
 	} `json:"truth"`
 	LoadAverage string `json:"load_average"`
 }

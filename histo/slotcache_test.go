@@ -317,7 +317,9 @@ func (r *slotReplay) pick(tab *chainTable, ch *prefix.Chain, start time.Time) in
 }
 
 // refCache is the slot cache as it was before its chain table (session
-// 11), frozen on purpose (it must not follow later edits of slotcache.go): each slot holding its chain inline, every pick comparing the
+// 11), frozen on purpose (it must not follow later edits of slotcache.go
+// but for changes of the rules: the replay a prediction reads, session
+// 19's ranFirst and scoreMargin): each slot holding its chain inline, every pick comparing the
 // target with every free slot (pickByRule's loop), every count comparing
 // again. It is the reference TestSlotCacheEquivalent holds slotCache to:
 // the same picks, counts, scores and tokens per byte, in the same order.
@@ -433,8 +435,26 @@ func (c *refCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFlig
 	if !t.ran {
 		return 0, 0, false
 	}
-	r := c.replay(c.choose(b))
-	view := r
+	var view *refReplay
+	for i := c.choose(b); ; i++ {
+		view, inFlight = c.view(i, t)
+		if i == len(cacheSlotCounts)-1 || !view.ranFirst(t, cacheSlotCounts[i] > 1 && cacheSlotCounts[i] <= b.lo) {
+			break
+		}
+	}
+	k := view.pick(&t.chain, t.start, -1)
+	c.learnPerByte(view, k, t)
+	cached = c.cachedFrom(view, k, t)
+	alt = cached
+	if len(view.slots) > 1 {
+		alt = c.cachedFrom(view, view.pick(&t.chain, t.start, k), t)
+	}
+	return cached, alt, inFlight
+}
+
+func (c *refCache) view(i int, t *slotTurn) (view *refReplay, inFlight bool) {
+	r := c.replay(i)
+	view = r
 	if t.id != 0 && c.next != 0 {
 		for id := c.next; id < t.id && id < c.next+reorderRing; id++ {
 			h := &c.ring[id%reorderRing]
@@ -450,14 +470,27 @@ func (c *refCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFlig
 			}
 		}
 	}
-	k := view.pick(&t.chain, t.start, -1)
-	c.learnPerByte(view, k, t)
-	cached = c.cachedFrom(view, k, t)
-	alt = cached
-	if len(view.slots) > 1 {
-		alt = c.cachedFrom(view, view.pick(&t.chain, t.start, k), t)
+	return view, inFlight
+}
+
+func (r *refReplay) ranFirst(t *slotTurn, proven bool) bool {
+	if t.first.IsZero() {
+		return false
 	}
-	return cached, alt, inFlight
+	by := t.first.Add(-freeSlack)
+	if proven {
+		by = t.first.Add(overlapTolerance)
+	}
+	free := t.start.Add(freeSlack)
+	if by.After(free) {
+		free = by
+	}
+	for _, s := range r.slots {
+		if !s.used || !s.end.After(free) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *refCache) choose(b slotBounds) int {
@@ -474,7 +507,7 @@ func (c *refCache) choose(b slotBounds) int {
 	}
 	best := first
 	for i := first + 1; i < len(cacheSlotCounts); i++ {
-		if c.replays[i].score < c.replays[best].score {
+		if c.replays[i].score < c.replays[best].score-scoreMargin {
 			best = i
 		}
 	}
@@ -630,6 +663,7 @@ func TestSlotCacheEquivalent(t *testing.T) {
 			marks := g.next()
 			tt := slotTurn{id: id, held: true, ran: rng.IntN(20) > 0, start: at,
 				end:   at.Add(time.Duration(rng.IntN(3000)) * time.Millisecond),
+				first: at.Add(time.Duration(rng.IntN(400)) * time.Millisecond),
 				chain: chainOfMarks(marks), tokens: marks[len(marks)-1].Bytes/4 + rng.Int64N(30) - 5}
 			switch rng.IntN(40) {
 			case 0:
