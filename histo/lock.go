@@ -301,17 +301,6 @@ func (o *occupancy) lockedQueue(e occEntry, queue time.Duration, pr priors, head
 	return time.Duration(end - e.arrive), end
 }
 
-// lockedStart is e's start as lockedQueue places it from start, without
-// counting its vote: start moved under the lock where it applies. The
-// caller holds o.mu.
-func (o *occupancy) lockedStart(e occEntry, start int64, pr priors, head int64) int64 {
-	end, v, other := o.lockStart(e, start, pr, head)
-	if other || !o.lockApplies(v) {
-		return start
-	}
-	return end
-}
-
 // lockStart is e's start under a batch lock given its start without one
 // (lockEnd), its vote, and whether its evidence is of an engine without
 // the lock (lockable; the vote is then none). The caller holds o.mu.

@@ -83,12 +83,11 @@ const (
 	// at least pointApart times it, each ± pointSlack.
 	// pointLow is wide: before the cost model is ready the point is the
 	// fastest sample's per-token time, which a short prompt's fixed cost
-	// inflates. The prefill floor is pointFloor of the point (earliest).
+	// inflates.
 	pointLow   = 0.5
 	pointHigh  = 1.3
 	pointApart = 1.5
 	pointSlack = 5 * time.Millisecond
-	pointFloor = 0.6
 )
 
 // occEntry is one recorded request on the engine's timeline, in
@@ -408,28 +407,12 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	// fewer than that ended before its first output, fewer were ahead
 	// than counted, and the latest end before it is the one it waited for.
 	if n >= s && c > 0 {
-		floor := max(pr.floor, time.Duration(pointFloor*float64(pr.point))-pointSlack)
+		floor := pr.floor
 		if waited {
 			floor = 0 // the end it waited for was chosen by its prefill already
 		}
 		k0 := min(n-s, c-1)
 		k := earliest(e, ends, k0, floor)
-		if head := o.rel(tr.Headers); k < 0 && pr.point > 0 && slotSerial(head, e.first, pr.reported) &&
-			closer(e.first-ends[k0], e.first-o.lockedStart(e, e.arrive, pr, head), pr.point) {
-			// The floor sent it back to its arrival (and the lock on from
-			// there), but the prefill from the slot count's end fits its
-			// estimate better: the estimate, not the count, is off (the
-			// cost model over-estimates prefills after shared batches:
-			// ollama, 4 slots, 424 ms estimated where 270 ms ran, the end
-			// it waited for rejected and its queue read 537 ms short;
-			// agents-p4-s18run01 request 13). Only on the evidence of an
-			// engine that prefills a slot at a time (slotSerial): one that
-			// reports cached tokens or sends its head at
-			// admission shares its compute among prefills, and a prefill
-			// from the arrival that long is one that shared
-			// (TestBatchLockNotFromSharedPrefill).
-			k = k0
-		}
 		if k == k0 && !waited && pr.fresh && slotShort(e, ends, k, pr.point) {
 			k, p.inferred = k-1, true // its own split only: its estimate chose the end
 		}

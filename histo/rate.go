@@ -595,6 +595,15 @@ const (
 // no estimate. The model's time is the point and floorShare of it the
 // floor; before the model is ready, the fastest sample's per-token time
 // (a slow one may hold a queue misread as prefill) and floorEarly of it.
+// Where the engine reports no cached tokens the floor is also never above
+// floorShare of the fastest sample's per-token time: there the fit is no
+// lower bound. ollama (no cached count on its OpenAI routes) runs the
+// prompts that waited for its batch lock together, each timed as if it
+// were alone, and a fit learned from them put a prefill that ran alone in
+// 272 ms at 738 (agents-p4-s19run01 request 13; 270 at 424,
+// agents-p4-s18run01 request 13): the floor rejected the end each waited
+// for and sent it to the lock, 975 and 537 ms early. Samples that agree
+// (a fastest per-token time near the fit's) leave the floor as it was.
 // The engine's own report of the prefill (llama.cpp timings.prompt_ms,
 // vLLM's per-request metrics, ollama's prompt_eval_duration) comes
 // before any of that: it is the prefill, where the model's cost can be a
@@ -614,7 +623,11 @@ func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration, exact 
 	}
 	if rs.ready {
 		t := rs.fit.cost(n, cached)
-		return seconds(t), seconds(floorShare * t), false
+		floor := t
+		if tr.CachedTokens < 0 {
+			floor = min(t, n*rs.fit.fastest)
+		}
+		return seconds(t), seconds(floorShare * floor), false
 	}
 	return seconds(n * rs.fit.fastest), seconds(floorEarly * n * rs.fit.fastest), false
 }
