@@ -289,7 +289,10 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 	var view *slotReplay
 	for i := c.choose(b); ; i++ {
 		view, inFlight = c.viewFor(i, t)
-		if i == len(cacheSlotCounts)-1 || !ranFirst(view, t, cacheSlotCounts[i] > 1 && cacheSlotCounts[i] <= b.lo) {
+		// Proven: the occupancy saw that many streams at once (a count of
+		// one is the bound's default, not evidence).
+		proven := cacheSlotCounts[i] > 1 && cacheSlotCounts[i] <= b.lo
+		if i == len(cacheSlotCounts)-1 || !ranFirst(view, t, proven) {
 			break
 		}
 		c.drop(view)
@@ -431,9 +434,10 @@ func replayError(t, est float64) float64 {
 }
 
 // choose is the replay the evidence allows that predicts the prefills
-// best, the fewest slots among equals: with a hint that stands, the
-// first replayed count at or above it; otherwise those at or above the
-// learned count (the largest when it is above them all).
+// best, a larger count only when its score is lower by scoreMargin: with
+// a hint that stands, the first replayed count at or above it; otherwise
+// those at or above the learned count (the largest when it is above them
+// all).
 func (c *slotCache) choose(b slotBounds) int {
 	lo := max(b.lo, b.exact)
 	first := len(cacheSlotCounts) - 1
