@@ -114,6 +114,11 @@ type occEntry struct {
 	// first output less pt is when it began, which orders it among the
 	// requests sent with it (ahead).
 	pt int64
+	// nt and ct are its new and cached prompt tokens as its point
+	// estimate counted them (promptParts with the proxy's reuse; 0: none):
+	// ahead re-estimates its start with the cost model of the request
+	// being placed, so that two requests' starts are judged by one model.
+	nt, ct float32
 	// pb is the point estimate of its prefill's first batch when its new
 	// tokens take more than one (priors.batch; 0: one batch, or none):
 	// a request that lost the lock to its first batch joined it there
@@ -192,6 +197,10 @@ type occupancy struct {
 	coStarts [sweepMax]int64
 	liveCo   [sweepMax]live
 	nCo      int
+	// fit and fitReady are the cost model of the request being placed
+	// (priors), set by place for ahead's ordering.
+	fit      costFit
+	fitReady bool
 	// preLive marks the entries of pre that are requests in flight, seen
 	// by their live first outputs (liveAhead), not recorded ones.
 	preLive [sweepMax]bool
@@ -271,6 +280,11 @@ type priors struct {
 	// exact is set when point is the engine's own report of the prefill
 	// (prefillPoint): its start is then known, first output less point.
 	exact bool
+	// fit and ready are the cost model the point came from; tokens its
+	// new and cached prompt tokens (0: unknown).
+	fit    costFit
+	ready  bool
+	tokens [2]float32
 }
 
 // place finds tr's queue from the requests ahead of it, learns from it,
@@ -293,6 +307,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 		return placement{}, false
 	}
 	e.pt, e.pb, e.exact = int64(max(pr.point, 0)), int64(max(pr.batch, 0)), pr.exact
+	e.nt, e.ct = pr.tokens[0], pr.tokens[1]
 	o.live.done(tr.ID)
 	// A request without a first output whose client left in the prefill
 	// is scanned to its end; one with none at all (a whole answer) is
@@ -303,6 +318,7 @@ func (o *occupancy) place(tr *proxy.Trace, pr priors) (p placement, warn bool) {
 	if until < 0 && abandoned > 0 {
 		until = e.end
 	}
+	o.fit, o.fitReady = pr.fit, pr.ready
 	m, mAdmit, complete := o.scan(e, until)
 	// Requests in flight at admission that are not recorded yet end after
 	// this one: they are ahead, and still there, unless their first
@@ -740,7 +756,7 @@ func (o *occupancy) scan(e occEntry, until int64) (m, mAdmit int, complete bool)
 		if !x.occupies {
 			continue
 		}
-		if ahead(x, &e, oneSlot) {
+		if o.ahead(x, &e, oneSlot) {
 			if m == occMaxAhead {
 				return m, mAdmit, false
 			}
@@ -814,7 +830,7 @@ func (o *occupancy) overlap(x, e *occEntry) {
 // orderWindow of e with its first output first (one slot serves in
 // order, so the first output tells the order; with more slots a shorter
 // prefill can overtake, and the proxy's send order is the better guess).
-func ahead(x, e *occEntry, oneSlot bool) bool {
+func (o *occupancy) ahead(x, e *occEntry, oneSlot bool) bool {
 	if x.end <= e.arrive && !x.outran() {
 		return false
 	}
@@ -828,9 +844,23 @@ func ahead(x, e *occEntry, oneSlot bool) bool {
 		}
 		// With several slots a shorter prefill overtakes: the one that
 		// began first, its first output less its prefill, was served first.
-		return x.first-x.pt < e.first-e.pt
+		return x.first-o.prefillOf(x) < e.first-o.prefillOf(e)
 	}
 	return x.arrive < e.arrive
+}
+
+// prefillOf is x's prefill estimate for ordering it against the request
+// being placed: by that request's cost model when it is ready and x's
+// tokens are known (a point kept from x's own placement was made by an
+// earlier model: on ollama, before the model learned the prefills that
+// shared a batch, 139-182 ms where the request placed now had 470, and
+// three requests the engine served first were ordered after it), else the
+// point kept. The caller holds o.mu.
+func (o *occupancy) prefillOf(x *occEntry) int64 {
+	if !o.fitReady || x.nt <= 0 || x.exact {
+		return x.pt
+	}
+	return int64(seconds(o.fit.cost(float64(x.nt), float64(x.ct))))
 }
 
 // outran reports whether x is an abandoned prefill that outran its

@@ -150,6 +150,10 @@ func modelSplit(tr *proxy.Trace, rs rates) split {
 func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr), reported: tr.CachedTokens >= 0}
 	pr.point, pr.floor, pr.exact = prefillPoint(tr, rs)
+	pr.fit, pr.ready = rs.fit, rs.ready
+	if n, cached, ok := promptParts(tr, true); ok && (tr.CachedTokens >= 0 || tr.Prefix.Tracked) {
+		pr.tokens = [2]float32{float32(n), float32(cached)}
+	}
 	pr.fresh = freshPrompt(tr)
 	pr.batch = firstBatch(tr, rs, pr.point)
 	pr.est, pr.haveEst = estimate(tr, rs, false)
