@@ -280,8 +280,9 @@ type priors struct {
 	// exact is set when point is the engine's own report of the prefill
 	// (prefillPoint): its start is then known, first output less point.
 	exact bool
-	// fit and ready are the cost model the point came from; tokens its
-	// new and cached prompt tokens (0: unknown).
+	// fit and ready are the cost model the point came from; tokens the
+	// new and cached prompt tokens its point counted (0: no point from
+	// the model).
 	fit    costFit
 	ready  bool
 	tokens [2]float32
@@ -857,7 +858,7 @@ func (o *occupancy) ahead(x, e *occEntry, oneSlot bool) bool {
 // three requests the engine served first were ordered after it), else the
 // point kept. The caller holds o.mu.
 func (o *occupancy) prefillOf(x *occEntry) int64 {
-	if !o.fitReady || x.nt <= 0 || x.exact {
+	if !o.fitReady || x.nt <= 0 {
 		return x.pt
 	}
 	return int64(seconds(o.fit.cost(float64(x.nt), float64(x.ct))))

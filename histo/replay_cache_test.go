@@ -19,7 +19,7 @@ import (
 // loaded ones. Before session 19, one conversation in ten 4-slot runs read
 // +32% to +44% (its first turn credited with the system prompt of a slot
 // the engine had to spare): quiet runs 54 of 56, loaded 264 of 272. Now
-// all 64 quiet (session 19's live run added) and 271 of 272 loaded.
+// all 96 quiet (session 19's live runs added) and 271 of 272 loaded.
 func TestReplayInferredCache(t *testing.T) {
 	for _, c := range []struct {
 		glob string

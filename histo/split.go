@@ -151,7 +151,7 @@ func (r *Recorder) split(tr *proxy.Trace, rs rates) (split, placement) {
 	pr := priors{abandoned: r.abandonedPrefill(tr, rs), load: r.loadAt(tr), reported: tr.CachedTokens >= 0}
 	pr.point, pr.floor, pr.exact = prefillPoint(tr, rs)
 	pr.fit, pr.ready = rs.fit, rs.ready
-	if n, cached, ok := promptParts(tr, true); ok && (tr.CachedTokens >= 0 || tr.Prefix.Tracked) {
+	if n, cached, _ := promptParts(tr, true); pr.point > 0 && !pr.exact { // the tokens the model's point counted
 		pr.tokens = [2]float32{float32(n), float32(cached)}
 	}
 	pr.fresh = freshPrompt(tr)
