@@ -621,15 +621,29 @@ func prefillPoint(tr *proxy.Trace, rs rates) (point, floor time.Duration, exact 
 	if !ok || n < modelMinTokens {
 		return 0, 0, false
 	}
+	t := n * rs.fit.fastest
 	if rs.ready {
-		t := rs.fit.cost(n, cached)
-		floor := t
-		if tr.CachedTokens < 0 {
-			floor = min(t, n*rs.fit.fastest)
-		}
-		return seconds(t), seconds(floorShare * floor), false
+		t = rs.fit.cost(n, cached)
 	}
-	return seconds(n * rs.fit.fastest), seconds(floorEarly * n * rs.fit.fastest), false
+	return seconds(t), seconds(prefillFloor(rs, n, cached, tr.CachedTokens >= 0)), false
+}
+
+// prefillFloor is the least time, in seconds, a prefill of n new tokens
+// after cached ones takes by the model rs (prefillPoint): floorShare of
+// the model's cost once ready, where the engine reported its cached
+// tokens (reported), else of the lesser of that and the fastest sample's
+// per-token time; floorEarly of the fastest sample's before. 0 before
+// any sample, and for fewer than modelMinTokens.
+func prefillFloor(rs rates, n, cached float64, reported bool) float64 {
+	switch {
+	case !rs.any || n < modelMinTokens:
+		return 0
+	case !rs.ready:
+		return floorEarly * n * rs.fit.fastest
+	case reported:
+		return floorShare * rs.fit.cost(n, cached)
+	}
+	return floorShare * min(rs.fit.cost(n, cached), n*rs.fit.fastest)
 }
 
 // abandonedPrefill is how long the engine takes, from its start, to

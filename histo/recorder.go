@@ -237,6 +237,7 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	// not known yet is, so that the replay holds the first requests.
 	head := r.head.current() // its lock once a request
 	turn, perSlot := turnOf(tr, sp), perSlotCache(tr, head)
+	turn.rs = rs
 	turn.ran = turn.ran && tr.CachedTokens < 0 && head != HeadAdmission
 	inferred, slotCached := inferCached(tr, sp, rs), int64(0)
 	if perSlot {
@@ -258,10 +259,14 @@ func (r *Recorder) Record(tr *proxy.Trace) {
 	// sample. On an engine with a cache per slot the new tokens are the
 	// slot cache's, and the sample scores its replays once placed.
 	if prefill, ok := learnable(tr, sp, place); ok && r.model.learnable(tr) {
-		if perSlot {
+		switch {
+		case perSlot:
 			r.model.learnSample(float64(tr.PromptTokens-slotCached), float64(slotCached), prefill.Seconds(), rs)
-			turn.score, turn.prefill, turn.rs = true, prefill.Seconds(), rs
-		} else {
+			turn.score, turn.prefill = true, prefill.Seconds()
+		case head == HeadUnknown && tr.CachedTokens < 0:
+			cached := r.earlyCached(tr, &turn)
+			r.model.learnSample(float64(tr.PromptTokens)-cached, cached, prefill.Seconds(), rs)
+		default:
 			r.model.learn(tr, prefill, rs)
 		}
 	}
@@ -285,6 +290,33 @@ func perSlotCache(tr *proxy.Trace, head string) bool {
 		return true
 	}
 	return false
+}
+
+// earlyCached is the cached tokens tr's sample is learned at before the
+// head mode tells which kind of prefix cache the engine keeps (a run's
+// first requests, on an engine that reports no cached tokens): one shared
+// by all requests (vLLM), where they are the proxy's reuse, or one per
+// slot (perSlotCache), where they are the slot cache's (turn's), never
+// more but for how each counts tokens. Where the slot cache's reading
+// leaves more than scoreSlack times the new tokens of the shared one, the
+// two kinds disagree, and the sample is learned at the slot cache's, the
+// lesser: against ollama on 4 slots, three first turns of concurrent
+// conversations, each prefilled whole in a slot of its own, were learned
+// at the proxy's reuse (the shared system prompt, 625 of about 800
+// tokens) as 2.9 ms a token where a cold one took 0.3, and a fourth then
+// read as the system prompt's cache hit (+34% of ollama's reuse over its
+// conversation, histo/testdata/ollama/agents-p4-s20run03.json).
+func (r *Recorder) earlyCached(tr *proxy.Trace, turn *slotTurn) float64 {
+	p := float64(tr.PromptTokens)
+	shared, cached, _ := promptParts(tr, true)
+	if shared*scoreSlack >= p {
+		return cached // too little reused for either reading to matter
+	}
+	slot, _, _ := r.cache.predict(turn, boundsOf(r.Slots()))
+	if p-float64(slot) > scoreSlack*shared {
+		return float64(slot)
+	}
+	return cached
 }
 
 // learnable is the prefill time of tr the cost model may learn from: the

@@ -18,8 +18,13 @@ import (
 // on every conversation of the quiet runs and on all but a few of the
 // loaded ones. Before session 19, one conversation in ten 4-slot runs read
 // +32% to +44% (its first turn credited with the system prompt of a slot
-// the engine had to spare): quiet runs 54 of 56, loaded 264 of 272. Now
-// all 96 quiet (session 19's live runs added) and 271 of 272 loaded.
+// the engine had to spare): quiet runs 54 of 56, loaded 264 of 272; after
+// it, all 96 quiet and 271 of 272 loaded. Session 20's first five live
+// runs missed three more first turns (+34% to +37%): a cost model taught
+// at the proxy's reuse before the head mode was known (earlyCached), and
+// a proven slot count whose holders ended within the overlap tolerance of
+// the turn's first output but too late to prefill it (ranFirst). Now all
+// 184 quiet (the session's eleven runs added), and 270 of 272 loaded.
 func TestReplayInferredCache(t *testing.T) {
 	for _, c := range []struct {
 		glob string

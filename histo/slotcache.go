@@ -81,7 +81,8 @@ type slotTurn struct {
 	tokens     int64 // prompt tokens; ≤ 0 unknown
 	// score: its prefill (seconds) scores the replays once it is placed,
 	// judged by rs, the cost model as it was before this turn taught it
-	// (a replay is never graded by a model its own count just trained).
+	// (a replay is never graded by a model its own count just trained);
+	// rs also bounds its prefill for ranFirst.
 	score   bool
 	prefill float64
 	rs      rates
@@ -292,7 +293,7 @@ func (c *slotCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFli
 		// Proven: the occupancy saw that many streams at once (a count of
 		// one is the bound's default, not evidence).
 		proven := cacheSlotCounts[i] > 1 && cacheSlotCounts[i] <= b.lo
-		if i == len(cacheSlotCounts)-1 || !ranFirst(view, t, proven) {
+		if i == len(cacheSlotCounts)-1 || !c.ranFirst(view, t, proven) {
 			break
 		}
 		c.drop(view)
@@ -354,15 +355,23 @@ func (c *slotCache) drop(view *slotReplay) {
 // to the smallest larger replay where t could have run. The learned
 // count trails the engine's in a run's first turns, when every slot
 // fills at once. proven says the occupancy saw r's count of streams at
-// once: then only an end overlapTolerance past t's first output refutes
-// it, the occupancy's own rule for two streams (a loaded host flushes an
-// end and another's first output together, tens of milliseconds after
-// the slot changed hands); an unproven count (the scores chose it) is
-// refuted by any end after the first output, less freeSlack. The split's
-// start alone is not the test: one some milliseconds early, before the
-// slot t waited for came free, would send a turn to an empty slot of a
-// replay with slots to spare.
-func ranFirst(r *slotReplay, t *slotTurn, proven bool) bool {
+// once: then an end may come overlapTolerance past t's first output, the
+// occupancy's own rule for two streams (a loaded host flushes an end and
+// another's first output together, tens of milliseconds after the slot
+// changed hands), less the least prefill of what t would not find cached
+// in that slot (prefillFloor): t prefilled after its slot came free.
+// Without the floor, against ollama on 4 slots with 3 proven, a first
+// turn that had an empty slot and prefilled 663 ms, the system prompt's
+// holder ending 21 ms after its first output, was credited with that
+// prompt (+37% of ollama's reuse over its conversation,
+// histo/testdata/ollama/agents-p4-s20run02.json). An unproven count (the
+// scores chose it) is refuted by any end after the first output, less
+// freeSlack, and no floor: a loaded host reads a holder's end and the
+// next turn's first output at one instant, and one slot's turns were
+// sent to empty slots. The split's start alone is not the test: one some
+// milliseconds early, before the slot t waited for came free, would send
+// a turn to an empty slot of a replay with slots to spare.
+func (c *slotCache) ranFirst(r *slotReplay, t *slotTurn, proven bool) bool {
 	if t.first.IsZero() || r.hi < len(r.slots) {
 		return false
 	}
@@ -370,9 +379,19 @@ func ranFirst(r *slotReplay, t *slotTurn, proven bool) bool {
 	if proven {
 		by = t.first.Add(overlapTolerance)
 	}
-	free := max(freeBy(t.start), instant(by))
+	free, last := freeBy(t.start), instant(by)
+	c.tab.begin(&t.chain)
 	for k := range r.hi {
-		if !r.slots[k].used || r.slots[k].end <= free {
+		s := &r.slots[k]
+		if !s.used || s.end <= free {
+			return false
+		}
+		floor := 0.0
+		if proven {
+			cached := c.cachedFrom(r, k, t)
+			floor = prefillFloor(t.rs, float64(t.tokens-cached), float64(cached), false)
+		}
+		if s.end <= last-int64(seconds(floor)) {
 			return false
 		}
 	}

@@ -319,9 +319,9 @@ func (r *slotReplay) pick(tab *chainTable, ch *prefix.Chain, start time.Time) in
 // refCache is the slot cache as it was before its chain table (session
 // 11), frozen on purpose (it must not follow later edits of slotcache.go
 // but for changes of the rules: the replay a prediction reads, session
-// 19's ranFirst and scoreMargin): each slot holding its chain inline, every pick comparing the
-// target with every free slot (pickByRule's loop), every count comparing
-// again. It is the reference TestSlotCacheEquivalent holds slotCache to:
+// 19's ranFirst and scoreMargin, session 20's prefill floor in ranFirst):
+// each slot holding its chain inline, every pick comparing the target
+// with every free slot (pickByRule's loop), every count comparing again. It is the reference TestSlotCacheEquivalent holds slotCache to:
 // the same picks, counts, scores and tokens per byte, in the same order.
 type refCache struct {
 	replays [len(cacheSlotCounts)]refReplay
@@ -438,7 +438,7 @@ func (c *refCache) predict(t *slotTurn, b slotBounds) (cached, alt int64, inFlig
 	var view *refReplay
 	for i := c.choose(b); ; i++ {
 		view, inFlight = c.view(i, t)
-		if i == len(cacheSlotCounts)-1 || !view.ranFirst(t, cacheSlotCounts[i] > 1 && cacheSlotCounts[i] <= b.lo) {
+		if i == len(cacheSlotCounts)-1 || !c.ranFirst(view, t, cacheSlotCounts[i] > 1 && cacheSlotCounts[i] <= b.lo) {
 			break
 		}
 	}
@@ -473,7 +473,7 @@ func (c *refCache) view(i int, t *slotTurn) (view *refReplay, inFlight bool) {
 	return view, inFlight
 }
 
-func (r *refReplay) ranFirst(t *slotTurn, proven bool) bool {
+func (c *refCache) ranFirst(r *refReplay, t *slotTurn, proven bool) bool {
 	if t.first.IsZero() {
 		return false
 	}
@@ -481,12 +481,16 @@ func (r *refReplay) ranFirst(t *slotTurn, proven bool) bool {
 	if proven {
 		by = t.first.Add(overlapTolerance)
 	}
-	free := t.start.Add(freeSlack)
-	if by.After(free) {
-		free = by
-	}
-	for _, s := range r.slots {
-		if !s.used || !s.end.After(free) {
+	for k, s := range r.slots {
+		if !s.used || !s.end.After(t.start.Add(freeSlack)) {
+			return false
+		}
+		if proven {
+			cached := c.cachedFrom(r, k, t)
+			if !s.end.After(by.Add(-seconds(prefillFloor(t.rs, float64(t.tokens-cached), float64(cached), false)))) {
+				return false
+			}
+		} else if !s.end.After(by) {
 			return false
 		}
 	}
@@ -650,7 +654,7 @@ func TestSlotCacheEquivalent(t *testing.T) {
 		var ref refCache
 		g := convGen{rng: rand.New(rand.NewPCG(seed, 1))}
 		rng := g.rng
-		rs := rates{any: true, fit: costFit{typical: 1e-4}}
+		rs := rates{any: true, fit: costFit{typical: 1e-4, fastest: 1e-4}}
 		at := time.Unix(1000, 0)
 		if seed%2 == 1 {
 			at = time.Now() // stamps with monotonic readings, as the proxy's
@@ -686,12 +690,13 @@ func TestSlotCacheEquivalent(t *testing.T) {
 					b.exact = b.lo
 				}
 				if rng.IntN(10) == 0 {
-					rs.ready, rs.fit = true, costFit{t0: 0.01, a: 1e-4 * (1 + rng.Float64()), b: 1e-9}
+					rs.ready, rs.fit = true, costFit{t0: 0.01, a: 1e-4 * (1 + rng.Float64()), b: 1e-9, fastest: 1e-4 * rng.Float64()}
 				}
+				p.rs = rs // as Record sets it: ranFirst reads it
 				got0, got1, got2 := c.predict(&p, b)
 				want0, want1, want2 := ref.predict(&p, b)
 				require.Equal(t, [3]any{want0, want1, want2}, [3]any{got0, got1, got2}, "seed %d op %d: predict", seed, op)
-				p.score, p.prefill, p.rs = rng.IntN(3) > 0, reference(rs, float64(p.tokens-got0), float64(got0))*(0.5+rng.Float64()), rs
+				p.score, p.prefill = rng.IntN(3) > 0, reference(rs, float64(p.tokens-got0), float64(got0))*(0.5+rng.Float64())
 				c.record(p)
 				ref.record(p)
 				if op%4 == 0 { // the predictions compare the rest
