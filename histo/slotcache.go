@@ -380,7 +380,9 @@ func (c *slotCache) ranFirst(r *slotReplay, t *slotTurn, proven bool) bool {
 		by = t.first.Add(overlapTolerance)
 	}
 	free, last := freeBy(t.start), instant(by)
-	c.tab.begin(&t.chain)
+	if proven {
+		c.tab.begin(&t.chain) // cachedFrom's target
+	}
 	for k := range r.hi {
 		s := &r.slots[k]
 		if !s.used || s.end <= free {

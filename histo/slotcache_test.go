@@ -321,8 +321,9 @@ func (r *slotReplay) pick(tab *chainTable, ch *prefix.Chain, start time.Time) in
 // but for changes of the rules: the replay a prediction reads, session
 // 19's ranFirst and scoreMargin, session 20's prefill floor in ranFirst):
 // each slot holding its chain inline, every pick comparing the target
-// with every free slot (pickByRule's loop), every count comparing again. It is the reference TestSlotCacheEquivalent holds slotCache to:
-// the same picks, counts, scores and tokens per byte, in the same order.
+// with every free slot (pickByRule's loop), every count comparing again.
+// It is the reference TestSlotCacheEquivalent holds slotCache to: the
+// same picks, counts, scores and tokens per byte, in the same order.
 type refCache struct {
 	replays [len(cacheSlotCounts)]refReplay
 	next    uint64
