@@ -882,7 +882,8 @@ func (s *loopStream) done(ok bool) {
 		s.r.tr.ClientDone = s.earlyDone // the whole body left with the head
 	}
 	s.l.ended = true
-	go s.finish(ok && s.keepAlive)
+	keep := ok && s.keepAlive
+	workers.run(func() { s.finish(keep) })
 }
 
 // finish runs on its own goroutine once the loop let go of the stream.
@@ -907,7 +908,7 @@ func (s *loopStream) finish(keep bool) {
 		// CPU, 100 µs on a busy 2-core host) stood before its first byte
 		// (BENCHMARKS.md "Session 15"). The goroutine relay reports
 		// before the last chunk leaves instead (CloseWithError).
-		go p.report(r)
+		workers.run(func() { p.report(r) })
 		_ = srv.ServeConn(conn)
 		return
 	}

@@ -32,5 +32,7 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreAnyFunction("github.com/anvilproxy/anvilproxy/proxy.(*watchHub).run"),
 		// The event loops (loop_linux.go), process-wide like the hub.
 		goleak.IgnoreAnyFunction("github.com/anvilproxy/anvilproxy/proxy.(*loop).run"),
+		// Idle workers (worker.go) wait out workerIdle, then exit.
+		goleak.IgnoreAnyFunction("github.com/anvilproxy/anvilproxy/proxy.(*worker).wait"),
 	)
 }
