@@ -40,15 +40,15 @@ import (
 //       (hijacks: exactly one of the two runs); both end in CloseWithError
 //       or endTunnel;
 //     - the event loop (loop_linux.go, toLoop): the loop owns it from add
-//       until done, then loopStream.finish (or abandoned, or a failed
-//       hijacked) ends it on a goroutine of its own. loopStream.finish is
+//       until done, then loopStream.finish (on a worker, worker.go; or
+//       abandoned, or a failed hijacked) ends it. loopStream.finish is
 //       the loop's side of the end, not a second one: it gives back the
 //       loop's own resources (a dirty upstream connection discarded, the
 //       client connection served again or closed) and calls Proxy.finish's
 //       two halves for everything else, keeping what it still needs (the
 //       server, the client connection) out of the relay first: conclude,
-//       then report on a goroutine of its own when the connection is served
-//       again (the relay passes to it, a goroutine start), else on its own.
+//       then report on another worker when the connection is served again
+//       (the relay passes to it, a worker hand-off), else on its own.
 //     - a panic in the handler: recoverHandle releases what the relay
 //       holds and records its Trace, but does not reuse it: it may be half
 //       filled, so it is left to the garbage collector.

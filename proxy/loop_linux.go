@@ -238,7 +238,7 @@ func (l *loop) poll(fd uintptr) bool {
 			l.dispatch(slot, uint32(l.evs[i].Pad), l.evs[i].Events)
 		}
 		if l.ended {
-			// Streams ended in this batch: their finish goroutines run
+			// Streams ended in this batch: their finish workers run
 			// now, on this P, not once the loop parks or another P
 			// steals them. The client's next request on each waits for
 			// its finish to start fasthttp's ServeConn (BENCHMARKS.md
@@ -869,7 +869,7 @@ func (s *loopStream) failClient() {
 }
 
 // done takes the stream out of the loop and finishes the request on a
-// goroutine of its own: the Trace, the connections back to their pools,
+// worker (worker.go): the Trace, the connections back to their pools,
 // and the client connection to fasthttp for its next request (ok and
 // keep-alive) or closed.
 func (s *loopStream) done(ok bool) {
@@ -886,7 +886,7 @@ func (s *loopStream) done(ok bool) {
 	workers.run(func() { s.finish(keep) })
 }
 
-// finish runs on its own goroutine once the loop let go of the stream.
+// finish runs on a worker once the loop let go of the stream.
 func (s *loopStream) finish(keep bool) {
 	r, p, c, cc := s.r, s.r.p, s.c, s.cc
 	c.readDL.clear() // the next request on c sets its own read deadline
