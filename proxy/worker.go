@@ -45,7 +45,8 @@ func (wp *workerPool) run(f func()) {
 		return
 	}
 	wp.mu.Unlock()
-	w := &worker{pool: wp, task: make(chan func(), 1)}
+	w := &worker{pool: wp, task: make(chan func(), 1), timer: time.NewTimer(workerIdle)}
+	w.timer.Stop() // armed by wait
 	go w.serve(f)
 }
 
@@ -65,11 +66,7 @@ func (w *worker) wait() func() {
 	wp.mu.Lock()
 	wp.idle = append(wp.idle, w)
 	wp.mu.Unlock()
-	if w.timer == nil {
-		w.timer = time.NewTimer(workerIdle)
-	} else {
-		w.timer.Reset(workerIdle)
-	}
+	w.timer.Reset(workerIdle)
 	select {
 	case f := <-w.task:
 		w.timer.Stop()
