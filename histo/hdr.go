@@ -157,18 +157,46 @@ func (p *pair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int
 	return old, clamped
 }
 
-// eventPair is a pair with its own lock, for the per-event metrics: they are
-// recorded far more often than per-request ones and must not contend with
-// Record.
+// eventPair is a per-event metric: its HDR pair and its Prometheus
+// histogram, under a lock of their own: they are recorded far more often
+// than the per-request ones and must not contend with Record. It is the
+// Prometheus collector of its histogram. Safe for concurrent use.
 type eventPair struct {
-	mu sync.Mutex
-	p  pair
+	mu      sync.Mutex
+	p       pair
+	prom    eventHistogram
+	desc    *prometheus.Desc
+	created time.Time // when prom began counting
 }
 
-func (e *eventPair) record(v int64) {
+func newEventPair(m Metric, clamped prometheus.Counter, now time.Time) *eventPair {
+	row := &phases[m]
+	return &eventPair{
+		p:       newPair(m, clamped),
+		prom:    newEventHistogram(row.buckets),
+		desc:    prometheus.NewDesc(row.prom, row.help, nil, nil),
+		created: now,
+	}
+}
+
+func (e *eventPair) observe(d time.Duration) {
 	e.mu.Lock()
-	e.p.record(v)
+	e.p.record(micros(d))
+	e.prom.observe(d)
 	e.mu.Unlock()
+}
+
+func (e *eventPair) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
+
+func (e *eventPair) Collect(ch chan<- prometheus.Metric) {
+	e.mu.Lock()
+	h := e.prom.clone()
+	e.mu.Unlock()
+	m, err := h.metric(e.desc, e.created)
+	if err != nil { // the counts are consistent by construction
+		m = prometheus.NewInvalidMetric(e.desc, err)
+	}
+	ch <- m
 }
 
 func (e *eventPair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int64) {

@@ -43,17 +43,17 @@ func codeLabel(status int) string {
 	return codeLabels[status]
 }
 
-// metrics are the Prometheus collectors. Children on the hot paths are
-// resolved once (client_golang counter.go: WithLabelValues hashes the
-// labels on every call): the per-event ones here, the per-request ones
-// once per route and model (labeled).
+// metrics are the Prometheus collectors but the per-event histograms,
+// which are their eventPairs' (eventhist.go). Children on the hot paths
+// are resolved once (client_golang counter.go: WithLabelValues hashes the
+// labels on every call): the per-request ones once per route and model
+// (labeled).
 type metrics struct {
 	requests *prometheus.CounterVec
 	errors   *prometheus.CounterVec
 	counted  requestCounters // requests' children, by route, model and status
 
 	phase [NumMetrics]*prometheus.HistogramVec // the phase table's labeled per-request rows
-	event [NumMetrics]prometheus.Histogram     // its per-event rows (inter-event, overhead)
 
 	promptTokens, completionTokens, cachedTokens, reasoningTokens prometheus.Counter
 	cacheReported, cacheInferred, cacheInferable                  prometheus.Counter
@@ -129,11 +129,7 @@ func (m *metrics) phaseHistograms() []prometheus.Collector {
 		row := &phases[i]
 		opts := dist.PromHistogram(row.prom, row.help, row.buckets)
 		switch row.labels {
-		case noProm:
-			continue
-		case perEvent:
-			m.event[i] = prometheus.NewHistogram(opts)
-			out = append(out, m.event[i])
+		case noProm, perEvent: // the per-event ones are their eventPairs'
 			continue
 		case byRouteModel:
 			m.phase[i] = prometheus.NewHistogramVec(opts, []string{"route", "model"})

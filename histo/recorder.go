@@ -134,7 +134,7 @@ type Recorder struct {
 	totals proxyTotals   // for the agreement with the engine's /metrics (engine.go)
 	start  time.Time
 
-	gap, relay eventPair
+	gap, relay *eventPair
 
 	mu     sync.Mutex
 	cur    *window
@@ -165,8 +165,8 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	for m := range numRequestMetrics {
 		r.hist[m] = newPair(m, r.prom.clamped[m])
 	}
-	r.gap.p = newPair(MetricInterEvent, r.prom.clamped[MetricInterEvent])
-	r.relay.p = newPair(MetricOverhead, r.prom.clamped[MetricOverhead])
+	r.gap = newEventPair(MetricInterEvent, r.prom.clamped[MetricInterEvent], r.start)
+	r.relay = newEventPair(MetricOverhead, r.prom.clamped[MetricOverhead], r.start)
 	r.recent.buf = make([]Request, cfg.RecentRequests)
 	var retryCollectors, prefixCollectors, ledgerCollectors, convCollectors, selfCollectors []prometheus.Collector
 	r.retry, retryCollectors = newRetryMetrics()
@@ -178,7 +178,7 @@ func New(cfg Config, reg *prometheus.Registry) (*Recorder, error) {
 	if cfg.RetryStats != nil {
 		retryCollectors = append(retryCollectors, amplificationGauge(cfg.RetryStats))
 	}
-	for _, c := range append(append(r.prom.all, r.gauges()...), retryCollectors...) {
+	for _, c := range slices.Concat(r.prom.all, []prometheus.Collector{r.gap, r.relay}, r.gauges(), retryCollectors) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("histo: registering metrics: %w", err)
 		}
@@ -387,15 +387,13 @@ func (r *Recorder) recordHDR(v *phaseValues) {
 // ObserveRelay records the proxy's residency for one relayed upstream read.
 // It does not allocate.
 func (r *Recorder) ObserveRelay(d time.Duration) {
-	r.prom.event[MetricOverhead].Observe(d.Seconds())
-	r.relay.record(micros(d))
+	r.relay.observe(d)
 }
 
 // ObserveGap records the gap between two consecutive output events. It
 // does not allocate.
 func (r *Recorder) ObserveGap(d time.Duration) {
-	r.prom.event[MetricInterEvent].Observe(d.Seconds())
-	r.gap.record(micros(d))
+	r.gap.observe(d)
 }
 
 // SelfCheck returns the measurement-quality probe, stopped until the caller
