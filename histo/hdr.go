@@ -138,15 +138,38 @@ func newPair(m Metric, counter prometheus.Counter) pair {
 // the nearest end and counted: hdrhistogram-go returns an error for it and
 // dropping it silently would bias every quantile (docs/design.md "Rules the code keeps": never drop silently).
 func (p *pair) record(v int64) {
-	if hi := unitMax[p.m.Unit()]; v < 0 || v > hi {
-		v = min(max(v, 0), hi)
-		p.clamped++
+	if p.clamp(&v) {
 		p.ever++
-		p.counter.Inc()
 	}
 	// Neither call can fail: v is within the histograms' range.
 	_ = p.window.RecordValue(v)
 	_ = p.total.RecordValue(v)
+}
+
+// recordWindow adds v to the window histogram only; fold adds the window
+// to the total when it is swapped out.
+func (p *pair) recordWindow(v int64) {
+	p.clamp(&v)
+	_ = p.window.RecordValue(v)
+}
+
+// clamp brings *v within the metric's range, counting a change in the
+// window's clamps and the Prometheus counter, and reports the change.
+func (p *pair) clamp(v *int64) bool {
+	hi := unitMax[p.m.Unit()]
+	if *v >= 0 && *v <= hi {
+		return false
+	}
+	*v = min(max(*v, 0), hi)
+	p.clamped++
+	p.counter.Inc()
+	return true
+}
+
+// fold adds a swapped-out window histogram and its clamps to the total.
+func (p *pair) fold(window *hdrhistogram.Histogram, clamped int64) {
+	p.total.Merge(window)
+	p.ever += clamped
 }
 
 // swap installs fresh as the window histogram and returns the finished one
@@ -158,11 +181,14 @@ func (p *pair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int
 }
 
 // eventPair is a per-event metric: its HDR pair and its Prometheus
-// histogram, under a lock of their own: they are recorded far more often
-// than the per-request ones and must not contend with Record. It is the
+// histogram, under locks of their own: they are recorded far more often
+// than the per-request ones and must not contend with Record. An event is
+// recorded in the window histogram only, which is added to the total when
+// it is swapped out: one HDR record per event, not two. It is the
 // Prometheus collector of its histogram. Safe for concurrent use.
 type eventPair struct {
-	mu      sync.Mutex
+	mu      sync.Mutex // guards p's window and clamped, and prom
+	totalMu sync.Mutex // guards p's total and ever; taken before mu
 	p       pair
 	prom    eventHistogram
 	desc    *prometheus.Desc
@@ -181,7 +207,7 @@ func newEventPair(m Metric, clamped prometheus.Counter, now time.Time) *eventPai
 
 func (e *eventPair) observe(d time.Duration) {
 	e.mu.Lock()
-	e.p.record(micros(d))
+	e.p.recordWindow(micros(d))
 	e.prom.observe(d)
 	e.mu.Unlock()
 }
@@ -199,10 +225,17 @@ func (e *eventPair) Collect(ch chan<- prometheus.Metric) {
 	ch <- m
 }
 
+// swap installs fresh as the window histogram and returns the finished
+// one, folded into the total, with its clamp count. The events go on
+// meanwhile; a cumulative read waits for the fold.
 func (e *eventPair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int64) {
+	e.totalMu.Lock()
+	defer e.totalMu.Unlock()
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.p.swap(fresh)
+	old, clamped := e.p.swap(fresh)
+	e.mu.Unlock()
+	e.p.fold(old, clamped)
+	return old, clamped
 }
 
 // cloneWindow returns a copy of the window histogram and its clamp count.
@@ -212,9 +245,13 @@ func (e *eventPair) cloneWindow() (*hdrhistogram.Histogram, int64) {
 	return e.p.window.Clone(), e.p.clamped
 }
 
-// cloneTotal returns a copy of the cumulative histogram and its clamp count.
+// cloneTotal returns the cumulative histogram, the window in progress
+// included, and its clamp count.
 func (e *eventPair) cloneTotal() (*hdrhistogram.Histogram, int64) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.p.total.Clone(), e.p.ever
+	e.totalMu.Lock()
+	total, ever := e.p.total.Clone(), e.p.ever
+	e.totalMu.Unlock()
+	window, clamped := e.cloneWindow()
+	total.Merge(window)
+	return total, ever + clamped
 }

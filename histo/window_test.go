@@ -53,11 +53,21 @@ func TestRotate(t *testing.T) {
 	// A finished window is the caller's: later traffic does not reach it.
 	require.Equal(t, int64(2), w.Hist[MetricTTFT].TotalCount())
 
+	// The cumulative histograms hold the finished windows and the one in
+	// progress: a per-event one too, whose window is added to its total only
+	// at Rotate. A clamped value counts in both.
+	r.ObserveGap(2 * time.Hour)
 	cum := r.cumulative()
 	require.Equal(t, t0, cum.Start)
 	require.Zero(t, cum.Requests.Len())
 	require.Equal(t, int64(4), cum.Hist[MetricTTFT].TotalCount())
-	require.Equal(t, int64(1), cum.Hist[MetricInterEvent].TotalCount())
+	require.Equal(t, int64(2), cum.Hist[MetricInterEvent].TotalCount())
+	require.Equal(t, int64(1), cum.Clamped[MetricInterEvent])
+	r.Rotate()
+	cum = r.cumulative()
+	require.Equal(t, int64(2), cum.Hist[MetricInterEvent].TotalCount())
+	require.Equal(t, int64(1), cum.Clamped[MetricInterEvent])
+	require.Equal(t, int64(1), cum.Hist[MetricOverhead].TotalCount())
 	require.Equal(t, int64(4), cum.Goodput.Requests)
 }
 
