@@ -119,57 +119,51 @@ func millis(rate float64) int64 {
 	return int64(v)
 }
 
-// pair is one metric's current-window and cumulative histograms. It is not
-// safe for concurrent use: its owner locks around every call.
+// pair is one metric's current-window and cumulative histograms. A value
+// is recorded in the window only; the window is added to the total when it
+// is swapped out (fold), so that the hot paths pay one HDR record, not two.
+// It is not safe for concurrent use: its owner serializes the window side
+// (record, swap) under one lock and the total (fold, cumulative) under
+// another, taken first when both are.
 type pair struct {
 	m       Metric
 	window  *hdrhistogram.Histogram
-	total   *hdrhistogram.Histogram
-	clamped int64              // values clamped in the current window
-	ever    int64              // values clamped since New
-	counter prometheus.Counter // anvilproxy_histo_clamped_total{metric=m}
+	total   *hdrhistogram.Histogram // the windows swapped out
+	clamped int64                   // values clamped in the current window
+	ever    int64                   // values clamped in the windows swapped out
+	counter prometheus.Counter      // anvilproxy_histo_clamped_total{metric=m}
 }
 
 func newPair(m Metric, counter prometheus.Counter) pair {
 	return pair{m: m, window: NewHistogram(m), total: NewHistogram(m), counter: counter}
 }
 
-// record adds v to both histograms. A value outside [0, max] is clamped to
-// the nearest end and counted: hdrhistogram-go returns an error for it and
-// dropping it silently would bias every quantile (docs/design.md "Rules the code keeps": never drop silently).
+// record adds v to the window histogram. A value outside [0, max] is
+// clamped to the nearest end and counted: hdrhistogram-go returns an error
+// for it and dropping it silently would bias every quantile (docs/design.md
+// "Rules the code keeps": never drop silently).
 func (p *pair) record(v int64) {
-	if p.clamp(&v) {
-		p.ever++
+	if hi := unitMax[p.m.Unit()]; v < 0 || v > hi {
+		v = min(max(v, 0), hi)
+		p.clamped++
+		p.counter.Inc()
 	}
-	// Neither call can fail: v is within the histograms' range.
+	// It cannot fail: v is within the histogram's range.
 	_ = p.window.RecordValue(v)
-	_ = p.total.RecordValue(v)
-}
-
-// recordWindow adds v to the window histogram only; fold adds the window
-// to the total when it is swapped out.
-func (p *pair) recordWindow(v int64) {
-	p.clamp(&v)
-	_ = p.window.RecordValue(v)
-}
-
-// clamp brings *v within the metric's range, counting a change in the
-// window's clamps and the Prometheus counter, and reports the change.
-func (p *pair) clamp(v *int64) bool {
-	hi := unitMax[p.m.Unit()]
-	if *v >= 0 && *v <= hi {
-		return false
-	}
-	*v = min(max(*v, 0), hi)
-	p.clamped++
-	p.counter.Inc()
-	return true
 }
 
 // fold adds a swapped-out window histogram and its clamps to the total.
 func (p *pair) fold(window *hdrhistogram.Histogram, clamped int64) {
 	p.total.Merge(window)
 	p.ever += clamped
+}
+
+// cumulative returns a copy of the total with window, a copy of the window
+// in progress, added; and the clamps of both.
+func (p *pair) cumulative(window *hdrhistogram.Histogram, clamped int64) (*hdrhistogram.Histogram, int64) {
+	total := p.total.Clone()
+	total.Merge(window)
+	return total, p.ever + clamped
 }
 
 // swap installs fresh as the window histogram and returns the finished one
@@ -182,9 +176,7 @@ func (p *pair) swap(fresh *hdrhistogram.Histogram) (*hdrhistogram.Histogram, int
 
 // eventPair is a per-event metric: its HDR pair and its Prometheus
 // histogram, under locks of their own: they are recorded far more often
-// than the per-request ones and must not contend with Record. An event is
-// recorded in the window histogram only, which is added to the total when
-// it is swapped out: one HDR record per event, not two. It is the
+// than the per-request ones and must not contend with Record. It is the
 // Prometheus collector of its histogram. Safe for concurrent use.
 type eventPair struct {
 	mu      sync.Mutex // guards p's window and clamped, and prom
@@ -207,7 +199,7 @@ func newEventPair(m Metric, clamped prometheus.Counter, now time.Time) *eventPai
 
 func (e *eventPair) observe(d time.Duration) {
 	e.mu.Lock()
-	e.p.recordWindow(micros(d))
+	e.p.record(micros(d))
 	e.prom.observe(d)
 	e.mu.Unlock()
 }
@@ -249,9 +241,7 @@ func (e *eventPair) cloneWindow() (*hdrhistogram.Histogram, int64) {
 // included, and its clamp count.
 func (e *eventPair) cloneTotal() (*hdrhistogram.Histogram, int64) {
 	e.totalMu.Lock()
-	total, ever := e.p.total.Clone(), e.p.ever
-	e.totalMu.Unlock()
+	defer e.totalMu.Unlock()
 	window, clamped := e.cloneWindow()
-	total.Merge(window)
-	return total, ever + clamped
+	return e.p.cumulative(window, clamped)
 }

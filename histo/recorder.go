@@ -136,11 +136,15 @@ type Recorder struct {
 
 	gap, relay *eventPair
 
+	// totalMu guards the hist pairs' totals: Rotate folds the windows it
+	// swapped out into them after it lets go of mu. Taken before mu.
+	totalMu sync.Mutex
+
 	mu     sync.Mutex
 	cur    *window
-	prev   tally // the previous window's, for the rolling goodput gauge
-	total  tally // all finished windows'; the current one is added on read
-	hist   [numRequestMetrics]pair
+	prev   tally                   // the previous window's, for the rolling goodput gauge
+	total  tally                   // all finished windows'; the current one is added on read
+	hist   [numRequestMetrics]pair // the windows under mu, the totals under totalMu
 	recent recent
 	convs  conversations
 }

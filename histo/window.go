@@ -187,6 +187,7 @@ func (r *Recorder) Rotate() *Window {
 	out := &Window{End: now}
 	next := newWindow(now, 0)
 
+	r.totalMu.Lock()
 	r.mu.Lock()
 	old := r.cur
 	next.conv.gen = old.conv.gen + 1
@@ -198,6 +199,10 @@ func (r *Recorder) Rotate() *Window {
 	r.total.merge(&old.tally)
 	r.prev = old.tally
 	r.mu.Unlock()
+	for m := range numRequestMetrics { // Record goes on meanwhile
+		r.hist[m].fold(out.Hist[m], out.Clamped[m])
+	}
+	r.totalMu.Unlock()
 
 	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.swap(fresh[MetricInterEvent])
 	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.swap(fresh[MetricOverhead])
@@ -250,13 +255,20 @@ func (r *Recorder) fill(out *Window, w *window, quality *selfcheck.Section) {
 // without per-request records or queue sources. Safe for concurrent use.
 func (r *Recorder) cumulative() *Window {
 	out := &Window{Start: r.start, End: r.cfg.Now()}
+	var windows [numRequestMetrics]*hdrhistogram.Histogram
+	var clamped [numRequestMetrics]int64
+	r.totalMu.Lock()
 	r.mu.Lock()
 	t := r.total
 	t.merge(&r.cur.tally)
 	for m := range numRequestMetrics {
-		out.Hist[m], out.Clamped[m] = r.hist[m].total.Clone(), r.hist[m].ever
+		windows[m], clamped[m] = r.hist[m].window.Clone(), r.hist[m].clamped
 	}
 	r.mu.Unlock()
+	for m := range numRequestMetrics {
+		out.Hist[m], out.Clamped[m] = r.hist[m].cumulative(windows[m], clamped[m])
+	}
+	r.totalMu.Unlock()
 
 	out.Hist[MetricInterEvent], out.Clamped[MetricInterEvent] = r.gap.cloneTotal()
 	out.Hist[MetricOverhead], out.Clamped[MetricOverhead] = r.relay.cloneTotal()
