@@ -430,41 +430,24 @@ func (l *loop) remove(s *loopStream) {
 // request only reads it, and the loop touches it no more. One per stream,
 // not pooled: after done both sides may still look at it.
 type loopStream struct {
-	l    *loop
-	r    *relay
-	c    *upConn
-	cc   *countedConn // the client connection as the listener gave it, detached while the loop holds it
-	slot uint32
-	gen  uint32
-	srv  *fasthttp.Server
-
+	// What each event touches comes first (see relay): the relay, the
+	// sockets, the body's framing, the park, the read and write calls.
+	l        *loop
+	r        *relay
 	urc, crc syscall.RawConn
-	head     []byte // the response head, written by early, on the handler's goroutine
-	prefix   []byte // bytes fasthttp had read from the client beyond the request
 
-	mode      bodyMode
-	left      int64 // bodyLength: bytes still to come
-	dec       chunkDecoder
-	chunked   bool // the client gets the body chunked (HTTP/1.1); else close-delimited
-	keepAlive bool // the client connection goes back to fasthttp at the end
+	mode    bodyMode
+	left    int64 // bodyLength: bytes still to come
+	dec     chunkDecoder
+	chunked bool // the client gets the body chunked (HTTP/1.1); else close-delimited
 
-	park       []byte  // bytes the client socket did not take yet
-	parkp      *[]byte // park's pooled home
-	upDone     bool    // the upstream body ended (or failed)
-	dirty      bool    // bytes beyond the response were read: the connection is not pooled
-	ending     bool    // the last bytes are parked: the stream ends when they are out
-	sentLast   bool    // the last chunk went out (or is parked) with the data
-	registered bool
-	over       bool // done ran
-
-	// What early found in the body's first bytes, for start: the body
-	// ended in them (at earlyAt), or is broken (earlyErr). headErr: the
-	// head's write failed, for hijacked.
-	earlyEnded bool
-	earlyAt    time.Time
-	earlyDone  time.Time // the early write that ended the body returned
-	earlyErr   error
-	headErr    error
+	park     []byte  // bytes the client socket did not take yet
+	parkp    *[]byte // park's pooled home
+	upDone   bool    // the upstream body ended (or failed)
+	dirty    bool    // bytes beyond the response were read: the connection is not pooled
+	ending   bool    // the last bytes are parked: the stream ends when they are out
+	sentLast bool    // the last chunk went out (or is parked) with the data
+	over     bool    // done ran
 
 	lastRead  time.Time
 	writeMark time.Time // the last client write progress, or when parking began
@@ -475,13 +458,33 @@ type loopStream struct {
 	io              []byte
 	ioN             int
 	ioErr           error
-	peek            int
 	readFn, writeFn func(uintptr)
-	peekFn          func(uintptr)
-	ctlOp           int
-	ctlEv           syscall.EpollEvent
-	ctlErr          error
-	ctlFn           func(uintptr)
+
+	c          *upConn
+	cc         *countedConn // the client connection as the listener gave it, detached while the loop holds it
+	slot       uint32
+	gen        uint32
+	srv        *fasthttp.Server
+	head       []byte // the response head, written by early, on the handler's goroutine
+	prefix     []byte // bytes fasthttp had read from the client beyond the request
+	keepAlive  bool   // the client connection goes back to fasthttp at the end
+	registered bool
+
+	// What early found in the body's first bytes, for start: the body
+	// ended in them (at earlyAt), or is broken (earlyErr). headErr: the
+	// head's write failed, for hijacked.
+	earlyEnded bool
+	earlyAt    time.Time
+	earlyDone  time.Time // the early write that ended the body returned
+	earlyErr   error
+	headErr    error
+
+	peek   int
+	peekFn func(uintptr)
+	ctlOp  int
+	ctlEv  syscall.EpollEvent
+	ctlErr error
+	ctlFn  func(uintptr)
 }
 
 type bodyMode uint8
