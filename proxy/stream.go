@@ -31,18 +31,12 @@ const relayBufSize = 16 << 10
 type relay struct {
 	// What each relayed read touches comes first, the request and the
 	// response (1.9 KB of fasthttp's) last: at 256 streams a stream's relay
-	// is out of the cache by its next event, and every line read costs a miss.
-	p    *Proxy
-	conn net.Conn     // the client connection, for per-write idle deadlines
-	wdl  idleDeadline // conn's write deadline, renewed coarsely
-	// clientHeader is the client response's header while fasthttp writes
-	// the body, for the trailers copied at the end; nil without trailers.
-	clientHeader *fasthttp.ResponseHeader
-	buf          []byte
-	// headOut: the response head went out by the proxy's own write
-	// (loopStream.early), not fasthttp's: a panic after it must close the
-	// connection, not answer 500 after the bytes sent (recoverHandle).
-	headOut bool
+	// is out of the cache by its next event, and every line read costs a
+	// miss (BENCHMARKS.md "Session 22").
+	p *Proxy
+
+	// With --inject-usage: the stream is filtered event by event.
+	inject bool
 
 	// isSSE: the body is a stream measured event by event, which
 	// forces it chunked to the client, one write and flush per read:
@@ -58,6 +52,17 @@ type relay struct {
 	usage  sse.Usage
 	timing sse.Timing
 
+	conn net.Conn     // the client connection, for per-write idle deadlines
+	wdl  idleDeadline // conn's write deadline, renewed coarsely
+	// clientHeader is the client response's header while fasthttp writes
+	// the body, for the trailers copied at the end; nil without trailers.
+	clientHeader *fasthttp.ResponseHeader
+	buf          []byte
+	// headOut: the response head went out by the proxy's own write
+	// (loopStream.early), not fasthttp's: a panic after it must close the
+	// connection, not answer 500 after the bytes sent (recoverHandle).
+	headOut bool
+
 	capture []byte // non-stream JSON body kept to read usage, bounded
 
 	// serverClears says the relay's first write deadline was set through
@@ -65,14 +70,14 @@ type relay struct {
 	// on its own and clears the deadline after it.
 	serverClears bool
 
-	// With --inject-usage: the stream is filtered event by event.
-	inject  bool
+	// With --inject-usage (inject):
 	hold    []byte // raw bytes of the incomplete event not yet forwarded
 	holdOff int64  // stream offset of hold[0]
 	out     []byte // bytes to forward, reused
 	maxHold int
-	atEOF   bool // the upstream body was read to its end
-	sawEnd  bool // an end-of-stream event ([DONE], message_stop) was seen
+
+	atEOF  bool // the upstream body was read to its end
+	sawEnd bool // an end-of-stream event ([DONE], message_stop) was seen
 
 	limited  bool  // holds a limiter slot
 	admitted bool  // counted in Proxy.upstream
