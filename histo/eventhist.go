@@ -8,15 +8,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/anvilproxy/anvilproxy/histo/dist"
 )
 
-// The native buckets of the per-event histograms, as dist.PromHistogram
-// configures the per-request ones: the largest schema whose bucket factor
-// is at most 1.1, and at most 160 buckets in an exposition.
-const (
-	nativeSchema     = 3
-	nativeMaxBuckets = 160
-)
+// nativeSchema is the per-event histograms' native schema, as
+// dist.PromHistogram configures the per-request ones: the largest whose
+// bucket factor is at most 1.1. An exposition has at most
+// dist.NativeMaxBuckets buckets.
+const nativeSchema = 3
 
 // nativeBounds are schema 3's bucket bounds within a power of two, as
 // fractions of it (client_golang's nativeHistogramBounds[3], which is not
@@ -104,7 +104,7 @@ func (h *eventHistogram) metric(desc *prometheus.Desc, created time.Time) (prome
 }
 
 // nativeBuckets returns the populated native buckets at the highest schema
-// at which there are at most nativeMaxBuckets of them.
+// at which there are at most dist.NativeMaxBuckets of them.
 func (h *eventHistogram) nativeBuckets() (int32, map[int]int64) {
 	buckets := make(map[int]int64)
 	for i, n := range h.native {
@@ -113,7 +113,7 @@ func (h *eventHistogram) nativeBuckets() (int32, map[int]int64) {
 		}
 	}
 	schema := int32(nativeSchema)
-	for len(buckets) > nativeMaxBuckets && schema > -4 {
+	for len(buckets) > dist.NativeMaxBuckets && schema > -4 {
 		// Bucket k of a schema is half of bucket ceil(k/2) of the next
 		// lower one (client_golang's doubleBucketWidth).
 		wider := make(map[int]int64, len(buckets)/2+1)

@@ -31,9 +31,7 @@ func TestEventHistogramMatchesClientGolang(t *testing.T) {
 		{"every scale", MetricInterEvent, 50_000, time.Nanosecond, 1000 * time.Hour, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ours := newEventPair(tc.m, prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}), time.Now())
-			row := &phases[tc.m]
-			theirs := prometheus.NewHistogram(dist.PromHistogram(row.prom, row.help, row.buckets))
+			ours, theirs := testEventPair(tc.m), clientGolangHistogram(tc.m)
 			rng := rand.New(rand.NewPCG(1, uint64(tc.n)))
 			lo, hi := math.Log(float64(tc.lo)), math.Log(float64(tc.hi))
 			for i := range tc.n {
@@ -57,9 +55,7 @@ func TestEventHistogramMatchesClientGolang(t *testing.T) {
 // TestEventHistogramEmpty: before any event, the exposition is a native
 // histogram with no observations, as client_golang's is.
 func TestEventHistogramEmpty(t *testing.T) {
-	ours := newEventPair(MetricOverhead, prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}), time.Now())
-	row := &phases[MetricOverhead]
-	theirs := prometheus.NewHistogram(dist.PromHistogram(row.prom, row.help, row.buckets))
+	ours, theirs := testEventPair(MetricOverhead), clientGolangHistogram(MetricOverhead)
 	got, want := collect(t, ours), collect(t, theirs)
 	got.CreatedTimestamp, want.CreatedTimestamp = nil, nil
 	require.Equal(t, want.String(), got.String())
@@ -73,6 +69,16 @@ func TestNativeBounds(t *testing.T) {
 	require.Equal(t, -239, minNativeKey) // 1 ns = 2^-29.9
 }
 
+func testEventPair(m Metric) *eventPair {
+	return newEventPair(m, prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}), time.Now())
+}
+
+// clientGolangHistogram is the histogram client_golang makes for m's row.
+func clientGolangHistogram(m Metric) prometheus.Histogram {
+	row := &phases[m]
+	return prometheus.NewHistogram(dist.PromHistogram(row.prom, row.help, row.buckets))
+}
+
 func collect(t *testing.T, c prometheus.Collector) *dto.Histogram {
 	t.Helper()
 	ch := make(chan prometheus.Metric, 1)
@@ -84,7 +90,7 @@ func collect(t *testing.T, c prometheus.Collector) *dto.Histogram {
 
 // TestObserveEventAllocs: a per-event observation allocates nothing.
 func TestObserveEventAllocs(t *testing.T) {
-	e := newEventPair(MetricOverhead, prometheus.NewCounter(prometheus.CounterOpts{Name: "c"}), time.Now())
+	e := testEventPair(MetricOverhead)
 	d := time.Duration(0)
 	require.Zero(t, testing.AllocsPerRun(1000, func() {
 		d += 777 * time.Nanosecond

@@ -76,16 +76,21 @@ func AddCounts[K comparable](dst, src map[K]int64) {
 // Millis is d in milliseconds.
 func Millis(d time.Duration) Float { return Float(float64(d) / float64(time.Millisecond)) }
 
+// NativeMaxBuckets bounds a native histogram's buckets: without a bound
+// their number is unbounded. PromHistogram's histograms and histo's
+// per-event ones both keep it.
+const NativeMaxBuckets = 160
+
 // PromHistogram returns the options of a native+classic Prometheus
 // histogram. MaxBucketNumber and MinResetDuration bound the native
-// buckets: without them their number is unbounded.
+// buckets.
 func PromHistogram(name, help string, buckets []float64) prometheus.HistogramOpts {
 	return prometheus.HistogramOpts{
 		Name:                            name,
 		Help:                            help,
 		Buckets:                         buckets,
 		NativeHistogramBucketFactor:     1.1,
-		NativeHistogramMaxBucketNumber:  160,
+		NativeHistogramMaxBucketNumber:  NativeMaxBuckets,
 		NativeHistogramMinResetDuration: time.Hour,
 	}
 }
